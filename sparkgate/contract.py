@@ -1,0 +1,99 @@
+"""The contract on an executor pod, shared by the webhook and the allocator.
+
+Everything both halves must agree on lives here: the label and annotation keys, the gate's name, how an
+application is identified, which container is Spark's, and the name of an app's copy of a config map.
+The webhook writes these names at admission; the allocator reads them back later, so they can never drift.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any, NamedTuple
+
+GATE = "sparkgate.io/allocator"
+
+# Labels Spark sets on every executor pod (Spark's KubernetesConf / Constants); never changed by sparkgate.
+LABEL_ROLE = "spark-role"
+LABEL_APP_ID = "spark-app-selector"
+LABEL_EXEC_ID = "spark-exec-id"
+LABEL_RESOURCE_PROFILE = "spark-exec-resourceprofile-id"
+LABEL_APP_NAME = "spark-app-name"
+LABEL_VERSION = "spark-version"
+SPARK_LABELS = frozenset(
+    {LABEL_ROLE, LABEL_APP_ID, LABEL_EXEC_ID, LABEL_RESOURCE_PROFILE, LABEL_APP_NAME, LABEL_VERSION}
+)
+ROLE_EXECUTOR = "executor"
+ROLE_DRIVER = "driver"
+
+ANNOTATION_PROFILE = "sparkgate.io/profile"
+ANNOTATION_BATCH_SIZE = "sparkgate.io/batch-size"
+ANNOTATION_MAX_PENDING = "sparkgate.io/max-pending"
+
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "sparkgate"
+
+# Value of ANNOTATION_PROFILE on a pod that sparkgate admitted but that no profile matched.
+NO_PROFILE = "none"
+
+SPARK_CONTAINER_ENV = "SPARK_EXECUTOR_ID"
+SPARK_CONTAINER_NAME = "spark-kubernetes-executor"
+
+
+class AppKey(NamedTuple):
+    """An application: (namespace, app id). A pod never speaks for another namespace's app."""
+
+    namespace: str
+    app_id: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.app_id}"
+
+
+def is_executor(labels: dict[str, str]) -> bool:
+    """An executor pod that sparkgate manages: Spark's executor role and an application id."""
+    return labels.get(LABEL_ROLE) == ROLE_EXECUTOR and bool(labels.get(LABEL_APP_ID))
+
+
+def spark_container_index(containers: list[dict[str, Any]]) -> int:
+    """Index of Spark's container: the one with SPARK_EXECUTOR_ID, else Spark's default name, else 0.
+
+    With an executor pod template Spark appends its container after the template's sidecars, so the
+    index alone says nothing.
+    """
+    for i, container in enumerate(containers):
+        if any(env.get("name") == SPARK_CONTAINER_ENV for env in container.get("env") or ()):
+            return i
+    for i, container in enumerate(containers):
+        if container.get("name") == SPARK_CONTAINER_NAME:
+            return i
+    return 0
+
+
+_INVALID_NAME_CHARS = re.compile(r"[^a-z0-9-]+")
+NAME_MAX = 63
+
+
+def _name_part(text: str, limit: int) -> str:
+    return _INVALID_NAME_CHARS.sub("-", text.lower()).strip("-")[:limit].strip("-")
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:10]
+
+
+def app_configmap_name(app_id: str, source: str) -> str:
+    """Name of the per-app copy of the config map `source`.
+
+    A pure function of (app id, source name), so the webhook (which mounts it) and the allocator (which
+    creates it) agree without talking. A valid DNS-1123 label for any app id: readable parts, and a digest
+    of the exact inputs so that two apps whose ids differ only in characters that get folded never collide.
+    """
+    digest = _digest(app_id, source)
+    readable = f"{_name_part(app_id, 28)}-{_name_part(source, 20)}".strip("-")
+    return f"sg-{readable}-{digest}" if readable else f"sg-{digest}"
+
+
+def configmap_volume_name(source: str) -> str:
+    """Name of the pod volume that mounts the copy of `source` (unique per source within a pod)."""
+    return f"sparkgate-{_name_part(source, 40)}-{_digest(source)[:8]}"
