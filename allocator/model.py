@@ -1,0 +1,166 @@
+"""The allocator's vocabulary: what it knows about the cluster, what it remembers, what it decides.
+
+The cache turns watch events into these small frozen records; the pure decision function reads a
+`Snapshot` plus the allocator's `Memory` and returns `Action`s; the actor carries them out. Keeping the
+records compact (no whole pod objects) is what lets one allocator track tens of thousands of pods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from sparkgate.contract import AppKey
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    """One executor pod, as much of it as the allocator needs."""
+
+    namespace: str
+    name: str
+    uid: str
+    app_id: str
+    exec_id: int | None  # None when the label is missing or not a decimal
+    resource_profile: str
+    gated: bool  # carries the sparkgate gate: not released yet
+    profile: str | None  # the sparkgate.io/profile annotation; None: admitted without sparkgate
+    node: str | None  # spec.nodeName once bound
+    phase: str  # status.phase ("Pending" when absent)
+    deleting: bool  # has a deletionTimestamp
+    created: float  # creationTimestamp, unix seconds
+    batch_size: str | None = None  # raw sparkgate.io/batch-size annotation
+    max_pending: str | None = None  # raw sparkgate.io/max-pending annotation
+    owner_uid: str | None = None  # uid of the controlling owner (the driver pod), if any
+    reason: str | None = None  # termination / status reason: OOMKilled, Evicted, Error, Completed...
+    exit_code: int | None = None
+
+    @property
+    def app(self) -> AppKey:
+        return AppKey(self.namespace, self.app_id)
+
+    @property
+    def in_flight(self) -> bool:
+        """Released, not being deleted, and Pending: Spark's own meaning of pending."""
+        return not self.gated and not self.deleting and self.phase == "Pending"
+
+
+@dataclass(frozen=True, slots=True)
+class DriverRecord:
+    """A Spark driver pod (label spark-role=driver)."""
+
+    namespace: str
+    name: str
+    uid: str
+    app_id: str
+    phase: str
+    deleting: bool
+
+    @property
+    def finished(self) -> bool:
+        return self.deleting or self.phase in ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True, slots=True)
+class AppView:
+    """Everything the cache knows about one application at one moment."""
+
+    key: AppKey
+    pods: tuple[PodRecord, ...]  # executor pods, in executor-id order
+    driver: DriverRecord | None  # None when the app has no driver pod (client mode) or it is gone
+    driver_seen: bool  # a driver pod was seen at some point (so None means "gone", not "none")
+    config_maps: frozenset[str]  # names of sparkgate's config map copies that exist for this app
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    apps: Mapping[AppKey, AppView]
+    sources: frozenset[str]  # source ConfigMaps that exist in the install namespace
+
+
+class DeletionReason(StrEnum):
+    """Why an executor pod went away; the label value of the deletions metric."""
+
+    GATED = "deleted_while_gated"
+    PENDING = "deleted_while_pending"
+    RUNNING = "deleted_while_running"
+    FAILED = "failed"
+    OOM_KILLED = "oom_killed"
+    EVICTED = "evicted"
+    PREEMPTED = "preempted"
+    SUCCEEDED = "succeeded"
+    APP_FINISHED = "app_finished"
+    ID_REUSE = "id_reuse_refused"
+
+
+@dataclass(frozen=True, slots=True)
+class DeletionRecord:
+    exec_id: int | None
+    pod: str
+    node: str | None
+    at: float  # unix seconds
+    reason: DeletionReason
+    exit_code: int | None = None
+    detail: str | None = None  # container reason, e.g. "OOMKilled", or the event message
+
+
+@dataclass
+class AppMemory:
+    """What the allocator remembers about an app between decisions (rebuilt on restart)."""
+
+    last_release_at: float | None = None  # clock time of the last release
+    last_batch: frozenset[str] = frozenset()  # pod names of the last batch released
+    deleted_exec_ids: set[int] = field(default_factory=set)
+    waiting_since: float | None = None  # when the app last started waiting for room (for fairness)
+    finished: bool = False
+
+
+# --- actions -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Remove the sparkgate gate from this pod."""
+
+    app: AppKey
+    pod: PodRecord
+
+
+@dataclass(frozen=True, slots=True)
+class CreateConfigMap:
+    """Copy `source` (install namespace) to `name` in the app's namespace, owned by the driver if any."""
+
+    app: AppKey
+    source: str
+    name: str
+    owner: DriverRecord | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeletePod:
+    app: AppKey
+    pod: PodRecord
+    reason: DeletionReason
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteConfigMap:
+    app: AppKey
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A Kubernetes Event on a pod; `key` groups events for rate limiting (one per key per interval)."""
+
+    app: AppKey
+    pod: str  # pod name in app.namespace
+    pod_uid: str
+    type: str  # "Normal" or "Warning"
+    reason: str  # CamelCase, e.g. "Released", "Waiting", "BypassedWebhook", "SourceConfigMapMissing"
+    message: str
+    key: str
+
+
+Action = Release | CreateConfigMap | DeletePod | DeleteConfigMap | Event
