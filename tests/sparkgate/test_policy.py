@@ -1,0 +1,193 @@
+"""The policy loader: strict, precise errors, and the allocation rules it answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sparkgate import contract
+from sparkgate.policy import (
+    Allocation,
+    PolicyError,
+    load_policy,
+    parse_field_path,
+    resolve,
+)
+
+EXAMPLE = Path(__file__).parents[2] / "sparkgate" / "examples" / "policy.yaml"
+HEAD = "apiVersion: sparkgate.io/v1alpha1\nkind: Policy\n"
+
+
+def errors_of(text: str) -> list[str]:
+    with pytest.raises(PolicyError) as info:
+        load_policy(HEAD + text)
+    return info.value.errors
+
+
+def test_example_policy_loads() -> None:
+    policy = load_policy(EXAMPLE.read_text())
+    assert [p.name for p in policy.profiles] == ["analytics", "default"]
+    analytics = policy.profiles[0]
+    assert analytics.config_maps[0].source == "spark-log4j"
+    assert analytics.overrides == (("spec", "priorityClassName"),)
+    assert policy.max_pending_cluster == 150
+    assert policy.is_excluded("kube-system") and policy.is_excluded("sparkgate-system")
+    assert policy.is_excluded("legacy-team-a") and not policy.is_excluded("spark-jobs")
+
+
+def test_empty_policy_gets_defaults() -> None:
+    policy = load_policy(HEAD)
+    assert policy.allocation == Allocation(batch_size=10, batch_delay_seconds=1.0, max_pending_per_app=50)
+    assert policy.profiles == ()
+    assert policy.profile_for("ns", {}, {}) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("allocation: {batchSize: 0}", "allocation.batchSize: must be between 1 and 10000, got 0"),
+        ("allocation: {batchSize: two}", "allocation.batchSize: expected a whole number, got a string"),
+        ("allocation: {batchSize: true}", "allocation.batchSize: expected a whole number, got a boolean"),
+        ("allocation: {batchDelaySeconds: -1}", "allocation.batchDelaySeconds: must be between 0 and 3600"),
+        ("allocation: {maxPending: 3}", "allocation.maxPending: unknown key"),
+        ("colour: blue", "colour: unknown key"),
+        ("profiles: {a: 1}", "profiles: expected a list of profiles, got a mapping"),
+        ("profiles: [{match: {}}]", "profiles[0].name: required"),
+        ("profiles: [{name: a, configMaps: [{source: x}]}]", "profiles[0].configMaps[0].mountPath: required"),
+        (
+            "profiles: [{name: a}, {name: b}, {name: c, configMaps: [{source: x, mountPath: etc}]}]",
+            "profiles[2].configMaps[0].mountPath: must be an absolute path",
+        ),
+        ("profiles: [{name: a}, {name: a}]", "profiles[1].name: duplicate profile name 'a'"),
+        ("profiles: [{name: none}]", "profiles[0].name: 'none' is not a valid profile name"),
+        (
+            "profiles: [{name: a, template: [1]}]",
+            "profiles[0].template: expected a pod (a mapping), got a list",
+        ),
+        ("profiles: [{name: a, template: {kind: Service}}]", "profiles[0].template: expected a pod"),
+        (
+            "profiles: [{name: a, template: {spec: {tolerations: [{key: k, opertor: Exists}]}}}]",
+            "profiles[0].template.spec.tolerations[0].opertor: unknown field",
+        ),
+        (
+            "profiles: [{name: a, template: {spec: {containers: [{name: c, resources: {limits: {cpu: [1]}}}]}}}]",
+            "profiles[0].template.spec.containers[0].resources.limits.cpu: input should be a valid string",
+        ),
+        (
+            "profiles: [{name: a, labels: {spark-app-selector: x}}]",
+            "profiles[0].labels.spark-app-selector: Spark's own label cannot be set by a profile",
+        ),
+        (
+            "profiles: [{name: a, annotations: {sparkgate.io/profile: x}}]",
+            "profiles[0].annotations.sparkgate.io/profile: set by sparkgate itself",
+        ),
+        (
+            "profiles: [{name: a, overrides: [spec.tolerations]}]",
+            "profiles[0].overrides[0]: spec.tolerations is not set in the template",
+        ),
+        (
+            "profiles: [{name: a, overrides: ['status.phase']}]",
+            "profiles[0].overrides[0]: 'status.phase' is not a field path",
+        ),
+        (
+            "caps: {batchSize: 5}\nprofiles: [{name: a, allocation: {batchSize: 6}}]",
+            "profiles[0].allocation.batchSize: 6 is above caps.batchSize (5)",
+        ),
+        ("caps: {batchSize: 5}", "allocation.batchSize: 10 is above caps.batchSize (5)"),
+    ],
+)
+def test_errors_name_the_exact_place(text: str, expected: str) -> None:
+    errors = errors_of(text)
+    assert any(e.startswith(expected) for e in errors), errors
+
+
+def test_every_error_is_reported_at_once() -> None:
+    errors = errors_of("allocation: {batchSize: 0, maxPendingCluster: x}\nprofiles: [{name: A}]")
+    assert len(errors) == 3
+
+
+def test_wrong_header_and_bad_yaml() -> None:
+    with pytest.raises(PolicyError, match=r"apiVersion: expected sparkgate\.io/v1alpha1"):
+        load_policy("apiVersion: v2\nkind: Policy\n")
+    with pytest.raises(PolicyError, match="kind: required"):
+        load_policy("apiVersion: sparkgate.io/v1alpha1\n")
+    with pytest.raises(PolicyError, match=r"line 4, column 1: not valid YAML"):
+        load_policy(HEAD + "profiles: [\n")
+
+
+def test_numeric_quantities_are_accepted_in_templates() -> None:
+    policy = load_policy(
+        HEAD
+        + "profiles: [{name: a, template: {spec: {containers: [{name: c, resources: {limits: {cpu: 2}}}]}}}]"
+    )
+    assert policy.profiles[0].template["spec"]["containers"][0]["resources"]["limits"]["cpu"] == 2
+
+
+POLICY = (
+    HEAD
+    + """
+caps: {batchSize: 20, maxPendingPerApp: 40}
+allocation: {batchSize: 10, maxPendingPerApp: 30}
+profiles:
+  - name: gpu
+    match: {namespaces: ["ml-*"], labels: {accelerator: gpu}}
+    allocation: {batchSize: 2}
+  - name: ml
+    match: {namespaces: ["ml-*"]}
+  - name: anywhere
+"""
+)
+
+
+def test_first_matching_profile_wins() -> None:
+    policy = load_policy(POLICY)
+    assert policy.profile_for("ml-a", {"accelerator": "gpu"}, {}).name == "gpu"
+    assert policy.profile_for("ml-a", {}, {}).name == "ml"
+    assert policy.profile_for("etl", {"accelerator": "gpu"}, {}).name == "anywhere"
+
+
+def test_requested_profile_must_allow_the_namespace() -> None:
+    policy = load_policy(POLICY)
+    ask_gpu = {contract.ANNOTATION_PROFILE: "gpu"}
+    assert policy.profile_for("ml-b", {}, ask_gpu).name == "gpu"
+    # A pod in another namespace cannot borrow a profile meant for ml-*: normal matching applies.
+    assert policy.profile_for("etl", {}, ask_gpu).name == "anywhere"
+    assert policy.profile_for("etl", {}, {contract.ANNOTATION_PROFILE: "nope"}).name == "anywhere"
+
+
+def test_allocation_layers_and_clamping() -> None:
+    policy = load_policy(POLICY)
+    gpu = policy.profile_named("gpu")
+    assert policy.allocation_for(gpu, {}) == (Allocation(2, 1.0, 30), [])
+    settings, problems = policy.allocation_for(
+        None, {contract.ANNOTATION_BATCH_SIZE: "500", contract.ANNOTATION_MAX_PENDING: "5"}
+    )
+    assert settings == Allocation(batch_size=20, batch_delay_seconds=1.0, max_pending_per_app=5)
+    assert problems == []
+
+
+@pytest.mark.parametrize("raw", ["0", "-3", "ten", "1.5", ""])
+def test_malformed_annotation_is_ignored_and_reported(raw: str) -> None:
+    policy = load_policy(POLICY)
+    settings, problems = policy.allocation_for(None, {contract.ANNOTATION_BATCH_SIZE: raw})
+    assert settings.batch_size == 10
+    assert len(problems) == 1 and contract.ANNOTATION_BATCH_SIZE in problems[0]
+
+
+def test_field_paths() -> None:
+    assert parse_field_path("spec.containers[spark-kubernetes-executor].securityContext") == (
+        "spec",
+        "containers",
+        "[spark-kubernetes-executor]",
+        "securityContext",
+    )
+    assert parse_field_path("spec..x") is None
+    assert parse_field_path("status.phase") is None
+    pod = {"spec": {"containers": [{"name": "a", "image": "i"}]}}
+    assert resolve(pod, ("spec", "containers", "[a]", "image")) == (True, "i")
+    assert resolve(pod, ("spec", "containers", "[b]", "image")) == (False, None)
+
+
+def test_digest_changes_with_the_text() -> None:
+    assert load_policy(HEAD).digest != load_policy(HEAD + "# comment\n").digest
