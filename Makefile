@@ -1,10 +1,12 @@
-# Every target creates its own virtual environment first, so a fresh machine needs only python3.11 and make.
+# Every target creates its own virtual environment first, so a fresh machine needs only python3.11 and make
+# (and apt for the Debian tools that the dashboard test and the benchmarks run: prometheus, wrk).
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv test lint typecheck pytest run clean
+.PHONY: venv tools test lint typecheck pytest demo run bench clean
 
 venv: $(STAMP)
 
@@ -14,6 +16,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# Real Prometheus (the dashboard and alert queries are proven against it) and wrk (the admission benchmark).
+tools:
+	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null || ! command -v wrk >/dev/null; then \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus wrk >/dev/null; \
+	fi
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -21,10 +30,21 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-pytest: venv
+pytest: venv tools
 	$(BIN)/pytest -q
 
 test: lint typecheck pytest
+
+# The main job: the whole system on a simulated cluster, without and then with sparkgate.
+demo: venv
+	$(BIN)/sparkgate demo
+
+# The webhook alone, over TLS on loopback, mutating a real Spark executor pod.
+run: venv
+	$(BIN)/python -m webhook.tryout
+
+bench: venv tools
+	$(BIN)/python -m bench
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
