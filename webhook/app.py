@@ -1,0 +1,127 @@
+"""The webhook's HTTP surface: a Flask app doing JSON in and out around the pure mutation.
+
+`POST /mutate` and `POST /validate` take and return AdmissionReview `admission.k8s.io/v1`, echoing the
+request uid. A body that is not an AdmissionReview gets a 400 (413 when over 3 MiB) whose text says what
+is wrong; an unexpected error while mutating gives "allowed, no patch", a log line naming the pod, and a
+metric, because a denied executor pod is an executor failure to Spark (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from flask import Flask, Response, request
+
+from sparkgate.policy_file import PolicySource
+
+from . import metrics
+from .mutation import mutate, validate_update
+from .review import DEFAULT_ALLOCATOR_USER, MAX_BODY, BadReview, parse_review, review_response
+
+log = logging.getLogger(__name__)
+
+
+def create_app(
+    policy: PolicySource,
+    allocator_users: frozenset[str] = frozenset({DEFAULT_ALLOCATOR_USER}),
+    clock: Callable[[], float] = time.perf_counter,
+) -> Flask:
+    app = Flask("sparkgate-webhook")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY
+
+    def admission(endpoint: str, handle: Callable[[dict[str, Any]], tuple[str, dict[str, Any]]]) -> Response:
+        started = clock()
+        try:
+            if request.content_length is not None and request.content_length > MAX_BODY:
+                return _refuse(endpoint, 413, f"the body is larger than {MAX_BODY} bytes")
+            body = request.get_data(cache=False)
+            if len(body) > MAX_BODY:
+                return _refuse(endpoint, 413, f"the body is larger than {MAX_BODY} bytes")
+            try:
+                req = parse_review(body)
+            except BadReview as e:
+                return _refuse(endpoint, 400, str(e))
+            outcome, response = handle(req)
+            metrics.REQUESTS.labels(endpoint, outcome).inc()
+            return _json(review_response(req["uid"], response))
+        finally:
+            metrics.LATENCY.labels(endpoint).observe(clock() - started)
+
+    def handle_mutate(req: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        current = policy.current()
+        if current is None:
+            log.error("no valid policy loaded; admitting %s unchanged", _pod_ref(req))
+            return "error", {"allowed": True}
+        try:
+            result = mutate(req, current)
+        except Exception:
+            log.exception("mutating %s failed; admitting it unchanged", _pod_ref(req))
+            return "error", {"allowed": True}
+        response: dict[str, Any] = {"allowed": True}
+        if result.ops:
+            response["patchType"] = "JSONPatch"
+            response["patch"] = base64.b64encode(json.dumps(result.ops).encode()).decode()
+        return result.outcome.value, response
+
+    def handle_validate(req: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        allowed, message = validate_update(req, allocator_users)
+        if allowed:
+            return "allowed", {"allowed": True}
+        log.info("refused gate removal on %s", _pod_ref(req))
+        return "denied", {
+            "allowed": False,
+            "status": {"code": 403, "reason": "Forbidden", "message": message},
+        }
+
+    @app.post("/mutate")
+    def mutate_view() -> Response:
+        return admission("mutate", handle_mutate)
+
+    @app.post("/validate")
+    def validate_view() -> Response:
+        return admission("validate", handle_validate)
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        return Response("ok\n", mimetype="text/plain")
+
+    @app.get("/readyz")
+    def readyz() -> Response:
+        if policy.current() is None:
+            return Response(f"no valid policy loaded: {policy.last_error}\n", 503, mimetype="text/plain")
+        return Response("ok\n", mimetype="text/plain")
+
+    @app.get("/metrics")
+    def metrics_view() -> Response:
+        loaded = policy.current() is not None
+        metrics.POLICY_LOADED.set(1 if loaded else 0)
+        metrics.POLICY_GENERATION.set(policy.generation)
+        body, content_type = metrics.exposition()
+        return Response(body, content_type=content_type)
+
+    @app.errorhandler(413)
+    def too_large(_: Exception) -> Response:
+        return _refuse(request.path.strip("/") or "unknown", 413, f"the body is larger than {MAX_BODY} bytes")
+
+    return app
+
+
+def _refuse(endpoint: str, status: int, message: str) -> Response:
+    metrics.REQUESTS.labels(endpoint, "bad_request").inc()
+    return Response(message + "\n", status, mimetype="text/plain")
+
+
+def _json(document: dict[str, Any]) -> Response:
+    return Response(json.dumps(document, separators=(",", ":")), mimetype="application/json")
+
+
+def _pod_ref(req: dict[str, Any]) -> str:
+    obj = req.get("object") or req.get("oldObject") or {}
+    meta = obj.get("metadata") or {} if isinstance(obj, dict) else {}
+    name = req.get("name") or meta.get("name") or meta.get("generateName", "") + "*"
+    return f"pod {req.get('namespace') or meta.get('namespace', '')}/{name}"

@@ -1,0 +1,161 @@
+"""What the webhook does to an executor pod, and what it lets through on update: pure functions.
+
+`mutate(request, policy)` turns the `request` of an AdmissionReview into JSON Patch operations. Only the
+CREATE of a Pod with Spark's executor role and an app id, outside the excluded namespaces, is changed: the
+first matching profile's template is merged in (webhook/merge.py), its labels and annotations added, its
+config maps mounted from the per-app copies the allocator creates, and the gate appended. Spark's own
+labels are never changed. The webhook never denies an executor pod (DESIGN.md: a denied creation is an
+executor failure to Spark), so the only outcomes are a patch or no patch.
+
+`validate_update(request, allocator_users)` is the gate protection: an UPDATE that removes the sparkgate
+gate is refused unless it comes from the allocator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from sparkgate import contract
+from sparkgate.policy import Policy, Profile
+
+from .merge import Path, merge
+from .patch import Operation, diff
+
+
+class Outcome(StrEnum):
+    MUTATED = "mutated"  # an executor pod that got a patch
+    UNCHANGED = "unchanged"  # an executor pod that already had everything (a re-invocation)
+    SKIPPED = "skipped"  # not ours: another operation, kind, role, or an excluded namespace
+
+
+@dataclass(frozen=True)
+class Mutation:
+    outcome: Outcome
+    ops: list[Operation] = field(default_factory=list)
+    profile: str | None = None
+    reason: str = ""
+
+
+def mutate(request: dict[str, Any], policy: Policy) -> Mutation:
+    """The patch for the pod in an AdmissionReview request (which the caller has checked is well formed)."""
+    if request.get("operation") != "CREATE":
+        return Mutation(Outcome.SKIPPED, reason=f"operation {request.get('operation')}")
+    if not _is_pod(request):
+        return Mutation(Outcome.SKIPPED, reason="not a pod")
+    pod = request.get("object")
+    if not isinstance(pod, dict):
+        raise ValueError("request.object is not a JSON object")
+    metadata = pod.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    if not contract.is_executor(labels):
+        return Mutation(Outcome.SKIPPED, reason="not a Spark executor pod")
+    namespace = request.get("namespace") or metadata.get("namespace") or ""
+    if policy.is_excluded(namespace):
+        return Mutation(Outcome.SKIPPED, reason=f"namespace {namespace} is excluded")
+    annotations = metadata.get("annotations") or {}
+    profile = policy.profile_for(namespace, labels, annotations)
+    wanted = desired_pod(pod, profile)
+    ops = diff(pod, wanted)
+    name = profile.name if profile is not None else contract.NO_PROFILE
+    return Mutation(Outcome.MUTATED if ops else Outcome.UNCHANGED, ops, name)
+
+
+def _is_pod(request: dict[str, Any]) -> bool:
+    kind = request.get("kind") or {}
+    resource = request.get("resource") or {}
+    return (
+        kind.get("kind") == "Pod"
+        and kind.get("group", "") == ""
+        and resource.get("resource", "pods") == "pods"
+        and not request.get("subResource")
+    )
+
+
+def desired_pod(pod: dict[str, Any], profile: Profile | None) -> dict[str, Any]:
+    """The pod as sparkgate wants it; shares untouched subtrees with `pod`, never mutates it."""
+    out = dict(pod)
+    metadata = dict(pod.get("metadata") or {})
+    spec = dict(pod.get("spec") or {})
+    app_id = (metadata.get("labels") or {})[contract.LABEL_APP_ID]
+    name = profile.name if profile is not None else contract.NO_PROFILE
+    labels: dict[str, str] = dict(metadata.get("labels") or {})
+    annotations: dict[str, str] = dict(metadata.get("annotations") or {})
+    if profile is not None:
+        overrides = frozenset(profile.overrides)
+        template = profile.template
+        template_meta = template.get("metadata") or {}
+        _fill(labels, template_meta.get("labels"), overrides, ("metadata", "labels"))
+        _fill(annotations, template_meta.get("annotations"), overrides, ("metadata", "annotations"))
+        labels.update(profile.labels)
+        annotations.update(profile.annotations)
+        spec = merge(spec, template.get("spec") or {}, overrides, ("spec",))
+        spec = _mount_config_maps(spec, app_id, profile)
+    for key in contract.SPARK_LABELS:
+        if key in (pod.get("metadata") or {}).get("labels", {}):
+            labels[key] = pod["metadata"]["labels"][key]
+    annotations[contract.ANNOTATION_PROFILE] = name
+    metadata["labels"] = labels
+    metadata["annotations"] = annotations
+    gates = list(spec.get("schedulingGates") or [])
+    if not any(g.get("name") == contract.GATE for g in gates if isinstance(g, dict)):
+        spec = {**spec, "schedulingGates": [*gates, {"name": contract.GATE}]}
+    out["metadata"] = metadata
+    out["spec"] = spec
+    return out
+
+
+def _fill(
+    target: dict[str, str], template: dict[str, str] | None, overrides: frozenset[Path], at: Path
+) -> None:
+    for key, value in (template or {}).items():
+        if key not in target or at in overrides or (*at, key) in overrides:
+            target[key] = value
+
+
+def _mount_config_maps(spec: dict[str, Any], app_id: str, profile: Profile) -> dict[str, Any]:
+    if not profile.config_maps:
+        return spec
+    volumes = list(spec.get("volumes") or [])
+    containers = list(spec.get("containers") or [])
+    if not containers:
+        return spec
+    index = contract.spark_container_index(containers)
+    container = dict(containers[index])
+    mounts = list(container.get("volumeMounts") or [])
+    for cm in profile.config_maps:
+        volume = contract.configmap_volume_name(cm.source)
+        if not any(v.get("name") == volume for v in volumes):
+            volumes.append(
+                {"name": volume, "configMap": {"name": contract.app_configmap_name(app_id, cm.source)}}
+            )
+        if not any(m.get("mountPath") == cm.mount_path for m in mounts):
+            mounts.append({"name": volume, "mountPath": cm.mount_path, "readOnly": True})
+    container["volumeMounts"] = mounts
+    containers[index] = container
+    return {**spec, "volumes": volumes, "containers": containers}
+
+
+def validate_update(request: dict[str, Any], allocator_users: frozenset[str]) -> tuple[bool, str]:
+    """Gate protection: (allowed, message). Only the allocator may remove the sparkgate gate."""
+    if request.get("operation") != "UPDATE" or not _is_pod(request):
+        return True, ""
+    old, new = request.get("oldObject"), request.get("object")
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return True, ""
+    if not _has_gate(old) or _has_gate(new):
+        return True, ""
+    user = (request.get("userInfo") or {}).get("username", "")
+    if user in allocator_users:
+        return True, ""
+    who = ", ".join(sorted(allocator_users)) or "the sparkgate allocator"
+    return False, (
+        f"sparkgate: only the sparkgate allocator ({who}) may remove the scheduling gate {contract.GATE}; "
+        f"{user or 'this user'} may not. The allocator releases executor pods within the cluster's limits."
+    )
+
+
+def _has_gate(pod: dict[str, Any]) -> bool:
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    return any(isinstance(g, dict) and g.get("name") == contract.GATE for g in gates)
