@@ -1,0 +1,494 @@
+"""kubesim's API server: the Kubernetes REST API over HTTP/1.1 on loopback, for the official client.
+
+Plain HTTP on 127.0.0.1 (the client accepts an http:// server in a kubeconfig) with bearer tokens, so
+tests act as different users. Paths, verbs, query parameters, list and watch documents, and `Status`
+failures follow https://kubernetes.io/docs/reference/using-api/api-concepts/. A watch is a chunked stream
+of JSON lines; `allowWatchBookmarks` adds BOOKMARK events, `timeoutSeconds` ends it, a resourceVersion
+that was compacted away gets 410 at connect or an ERROR event in the stream.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from .errors import ApiError, UserInfo, bad_request, expired
+from .faults import Faults, LoggedRequest, RequestLog
+from .resources import RESOURCES, SUBRESOURCES, groups
+from .selectors import field_selector, label_selector
+from .store import Event, Obj, Store
+
+ADMIN = UserInfo("admin", "admin", ("system:masters", "system:authenticated"))
+
+
+class Route:
+    def __init__(self, resource: str, namespace: str | None, name: str | None, subresource: str) -> None:
+        self.resource = resource
+        self.namespace = namespace
+        self.name = name
+        self.subresource = subresource
+
+    @property
+    def audited(self) -> str:
+        return f"{self.resource}/{self.subresource}" if self.subresource else self.resource
+
+
+def parse_path(path: str) -> Route | None:
+    parts = [urllib.parse.unquote(p) for p in path.strip("/").split("/")]
+    if parts[:2] == ["api", "v1"]:
+        group, rest = "", parts[2:]
+    elif len(parts) >= 3 and parts[0] == "apis" and groups().get(parts[1]) == parts[2]:
+        group, rest = parts[1], parts[3:]
+    else:
+        return None
+    namespace = None
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        namespace, rest = rest[1], rest[2:]
+    if not rest or rest[0] not in RESOURCES or RESOURCES[rest[0]].group != group:
+        return None
+    resource = RESOURCES[rest[0]]
+    if namespace is not None and not resource.namespaced:
+        return None
+    name = rest[1] if len(rest) > 1 else None
+    sub = rest[2] if len(rest) > 2 else ""
+    if len(rest) > 3 or (sub and (rest[0], sub) not in SUBRESOURCES):
+        return None
+    return Route(rest[0], namespace, name, sub)
+
+
+def continue_token(rv: int, last: tuple[str, str]) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"rv": rv, "after": list(last)}).encode()).decode()
+
+
+def read_continue(token: str, floor: int) -> tuple[int, tuple[str, str]]:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        rv, after = int(data["rv"]), (str(data["after"][0]), str(data["after"][1]))
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise bad_request("continue key is not valid") from None
+    if rv < floor - 1:
+        raise expired(
+            "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter."
+        )
+    return rv, after
+
+
+def watch_filter(query: Mapping[str, str], namespace: str | None) -> Callable[[Obj | None], bool]:
+    labels_ok = label_selector(query.get("labelSelector"))
+    fields_ok = field_selector(query.get("fieldSelector"))
+
+    def matches(obj: Obj | None) -> bool:
+        if obj is None:
+            return False
+        meta = obj.get("metadata") or {}
+        if namespace and meta.get("namespace") != namespace:
+            return False
+        return labels_ok(meta.get("labels") or {}) and fields_ok(obj)
+
+    return matches
+
+
+def as_watch_event(event: Event, matches: Callable[[Obj | None], bool]) -> str | None:
+    """The type this watcher sees: a change into or out of its selector is an ADDED or a DELETED."""
+    now_in = matches(event.obj)
+    was_in = matches(event.old) if event.type == "MODIFIED" else now_in
+    if event.type == "MODIFIED":
+        if now_in and was_in:
+            return "MODIFIED"
+        if now_in:
+            return "ADDED"
+        return "DELETED" if was_in else None
+    return event.type if now_in else None
+
+
+class ApiServer:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        tokens: Mapping[str, UserInfo] | None = None,
+        faults: Faults | None = None,
+        log: RequestLog | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        bookmark_interval: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.tokens: dict[str, UserInfo] = dict(tokens or {})
+        self.faults = faults or Faults()
+        self.log = log or RequestLog()
+        self.bookmark_interval = bookmark_interval
+        self.clock = clock
+        self._stopping = threading.Event()
+        server = self
+
+        class Handler(_Handler):
+            api = server
+
+        self._http = ThreadingHTTPServer((host, port), Handler)
+        self._http.daemon_threads = True
+        self.url = f"http://{host}:{self._http.server_address[1]}"
+        self._thread: threading.Thread | None = None
+
+    def add_user(self, token: str, user: UserInfo) -> None:
+        self.tokens[token] = user
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._http.serve_forever, name="kubesim-apiserver", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self.store.changed:
+            self.store.changed.notify_all()
+        self._http.shutdown()
+        self._http.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    api: ApiServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def do_PUT(self) -> None:
+        self._serve("PUT")
+
+    def do_PATCH(self) -> None:
+        self._serve("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._serve("DELETE")
+
+    # --- plumbing -------------------------------------------------------------------------------------
+
+    def _send(self, code: int, document: Any, headers: Mapping[str, str] | None = None) -> None:
+        body = json.dumps(document, separators=(",", ":")).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError as e:
+            raise bad_request(f"the body of the request could not be decoded as JSON: {e}") from None
+
+    def _user(self) -> UserInfo | None:
+        auth = self.headers.get("Authorization", "")
+        if auth.startswith("Bearer "):
+            return self.api.tokens.get(auth[7:].strip())
+        return None
+
+    def _serve(self, method: str) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
+        user = self._user()
+        route = parse_path(url.path)
+        verb = _verb(method, route, query)
+        code = 200
+        try:
+            if user is None:
+                raise ApiError(401, "Unauthorized", "Unauthorized")
+            if route is None:
+                code = self._discovery(url.path)
+                return
+            seconds, injected = self.api.faults.consult(verb, route.audited, route.namespace)
+            if seconds:
+                time.sleep(seconds)  # injected latency
+            if injected is not None:
+                headers = (
+                    {"Retry-After": str(injected.retry_after)} if injected.retry_after is not None else None
+                )
+                raise _Injected(injected.code, headers)
+            if verb == "watch":
+                self._watch(route, query)
+                return
+            code, document = self._dispatch(method, verb, route, query, user)
+            self._send(code, document)
+        except _Injected as e:
+            code = e.code
+            reason = {
+                429: "TooManyRequests",
+                409: "Conflict",
+                500: "InternalError",
+                503: "ServiceUnavailable",
+            }.get(code, "InternalError")
+            self._send(code, ApiError(code, reason, f"kubesim: injected {code}").status(), e.headers)
+        except ApiError as e:
+            code = e.code
+            self._send(e.code, e.status())
+        except ValueError as e:
+            code = 400
+            self._send(400, bad_request(str(e)).status())
+        finally:
+            self.api.log.add(
+                LoggedRequest(
+                    time.time(),
+                    user.username if user else "",
+                    verb,
+                    route.audited if route else url.path,
+                    route.namespace if route else None,
+                    route.name if route else None,
+                    code,
+                    url.path,
+                    url.query,
+                )
+            )
+
+    def _discovery(self, path: str) -> int:
+        path = path.rstrip("/")
+        if path == "/version":
+            self._send(
+                200, {"major": "1", "minor": "33", "gitVersion": "v1.33.0-kubesim", "platform": "linux/amd64"}
+            )
+        elif path == "/api":
+            self._send(200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
+        elif path == "/apis":
+            self._send(
+                200,
+                {
+                    "kind": "APIGroupList",
+                    "apiVersion": "v1",
+                    "groups": [
+                        {
+                            "name": g,
+                            "versions": [{"groupVersion": f"{g}/{v}", "version": v}],
+                            "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v},
+                        }
+                        for g, v in groups().items()
+                        if g
+                    ],
+                },
+            )
+        elif path == "/api/v1" or (path.startswith("/apis/") and path.count("/") == 3):
+            group_version = "v1" if path == "/api/v1" else path[len("/apis/") :]
+            self._send(
+                200,
+                {
+                    "kind": "APIResourceList",
+                    "apiVersion": "v1",
+                    "groupVersion": group_version,
+                    "resources": [r.describe() for r in RESOURCES.values() if r.api_version == group_version],
+                },
+            )
+        else:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return 200
+
+    def _dispatch(
+        self, method: str, verb: str, route: Route, query: Mapping[str, str], user: UserInfo
+    ) -> tuple[int, Any]:
+        store = self.api.store
+        r = RESOURCES[route.resource]
+        if verb == "list":
+            after = None
+            if query.get("continue"):
+                _, after = read_continue(query["continue"], store.floor)
+            limit = int(query["limit"]) if query.get("limit") else None
+            items, rv, last = store.list_objects(
+                route.resource,
+                route.namespace,
+                label_selector=query.get("labelSelector"),
+                field_selector=query.get("fieldSelector"),
+                limit=limit,
+                continue_after=after,
+            )
+            meta: dict[str, Any] = {"resourceVersion": str(rv)}
+            if last is not None:
+                meta["continue"] = continue_token(rv, last)
+            return 200, {"kind": r.list_kind, "apiVersion": r.api_version, "metadata": meta, "items": items}
+        if verb == "get":
+            assert route.name is not None
+            return 200, store.get(route.resource, route.namespace, route.name)
+        body = self._body()
+        if verb == "create" and route.subresource == "binding":
+            assert route.name is not None and route.namespace is not None
+            target = ((body or {}).get("target") or {}).get("name")
+            if not target:
+                raise bad_request("binding.target.name is required")
+            store.bind(route.namespace, route.name, target, user=user)
+            return 201, {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Success",
+                "code": 201,
+            }
+        if verb == "create":
+            dry = query.get("dryRun") == "All"
+            return 201, store.create(route.resource, body, namespace=route.namespace, user=user, dry_run=dry)
+        if verb == "update":
+            assert route.name is not None
+            return 200, store.replace(
+                route.resource, route.namespace, route.name, body, subresource=route.subresource, user=user
+            )
+        if verb == "patch":
+            assert route.name is not None
+            content_type = self.headers.get("Content-Type", "")
+            return 200, store.patch(
+                route.resource,
+                route.namespace,
+                route.name,
+                body,
+                content_type,
+                subresource=route.subresource,
+                user=user,
+            )
+        if verb == "delete":
+            assert route.name is not None
+            options = body or {}
+            grace = query.get("gracePeriodSeconds", options.get("gracePeriodSeconds"))
+            deleted = store.delete(
+                route.resource,
+                route.namespace,
+                route.name,
+                grace_period_seconds=int(grace) if grace is not None else None,
+                preconditions=options.get("preconditions"),
+                propagation_policy=query.get("propagationPolicy", options.get("propagationPolicy")),
+                user=user,
+            )
+            return 200, deleted
+        if verb == "deletecollection":
+            items = store.delete_collection(
+                route.resource,
+                route.namespace,
+                label_selector=query.get("labelSelector"),
+                field_selector=query.get("fieldSelector"),
+            )
+            return 200, {"kind": r.list_kind, "apiVersion": r.api_version, "metadata": {}, "items": items}
+        raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {route.audited}")
+
+    # --- watch ----------------------------------------------------------------------------------------
+
+    def _chunk(self, document: Any) -> None:
+        data = json.dumps(document, separators=(",", ":")).encode() + b"\n"
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _watch(self, route: Route, query: Mapping[str, str]) -> None:
+        api, store = self.api, self.api.store
+        matches = watch_filter(query, route.namespace)
+        if route.name:
+            named = route.name
+            inner = matches
+            matches = lambda obj: inner(obj) and (obj or {}).get("metadata", {}).get("name") == named  # noqa: E731
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        timeout = float(query.get("timeoutSeconds") or 1800)
+        requested = query.get("resourceVersion")
+        initial: list[Obj] = []
+        with store.changed:
+            if requested in (None, "", "0"):
+                cursor = store.resource_version
+                items, _, _ = store.list_objects(route.resource, route.namespace)
+                initial = [o for o in items if matches(o)]
+            else:
+                cursor = int(requested)
+                store.events_after(cursor)  # 410 at connect when too old
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        generation = api.faults.watch_generation
+        deadline = api.clock() + timeout
+        next_bookmark = api.clock() + api.bookmark_interval
+        try:
+            for obj in initial:
+                self._chunk({"type": "ADDED", "object": obj})
+            while not api.stopping:
+                with store.changed:
+                    try:
+                        events = store.events_after(cursor)
+                    except ApiError as e:
+                        self._chunk({"type": "ERROR", "object": e.status()})
+                        break
+                    if not events:
+                        wait = min(deadline, next_bookmark) - api.clock()
+                        if wait > 0:
+                            store.changed.wait(min(wait, 0.5))
+                        events = []
+                if api.faults.watch_generation != generation and (
+                    api.faults.dropped_resources & {"*", route.resource}
+                ):
+                    break
+                for event in events:
+                    cursor = event.rv
+                    if event.resource != route.resource:
+                        continue
+                    kind = as_watch_event(event, matches)
+                    if kind is not None:
+                        self._chunk({"type": kind, "object": event.obj})
+                now = api.clock()
+                if now >= deadline:
+                    break
+                if bookmarks and now >= next_bookmark:
+                    r = RESOURCES[route.resource]
+                    self._chunk(
+                        {
+                            "type": "BOOKMARK",
+                            "object": {
+                                "kind": r.kind,
+                                "apiVersion": r.api_version,
+                                "metadata": {"resourceVersion": str(cursor)},
+                            },
+                        }
+                    )
+                    next_bookmark = now + api.bookmark_interval
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        self.close_connection = True
+
+
+class _Injected(Exception):
+    def __init__(self, code: int, headers: Mapping[str, str] | None) -> None:
+        super().__init__(code)
+        self.code = code
+        self.headers = headers
+
+
+def _verb(method: str, route: Route | None, query: Mapping[str, str]) -> str:
+    if method == "GET":
+        if query.get("watch") in ("true", "1"):
+            return "watch"
+        return "get" if route is not None and route.name else "list"
+    if method == "POST":
+        return "create"
+    if method == "PUT":
+        return "update"
+    if method == "PATCH":
+        return "patch"
+    if method == "DELETE":
+        return "delete" if route is not None and route.name else "deletecollection"
+    return method.lower()

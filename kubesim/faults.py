@@ -1,0 +1,132 @@
+"""What tests inject into kubesim's API server (errors, latency, dropped watches) and what they read back
+(the log of every request)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+
+def _matches(pattern: str, value: str) -> bool:
+    return pattern in ("*", value)
+
+
+@dataclass
+class _Rule:
+    verb: str
+    resource: str
+    namespace: str | None
+    code: int = 0
+    seconds: float = 0.0
+    remaining: int | None = None
+    retry_after: int | None = None
+
+    def applies(self, verb: str, resource: str, namespace: str | None) -> bool:
+        return (
+            _matches(self.verb, verb)
+            and _matches(self.resource, resource)
+            and (self.namespace is None or self.namespace == namespace)
+            and (self.remaining is None or self.remaining > 0)
+        )
+
+
+@dataclass(frozen=True)
+class Injected:
+    code: int
+    retry_after: int | None
+
+
+class Faults:
+    """verb: get|list|watch|create|update|patch|delete|deletecollection; resource: plural or `pods/binding`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._errors: list[_Rule] = []
+        self._delays: list[_Rule] = []
+        self.watch_generation = 0  # bumped by drop_watches; open streams end when it changes
+        self.dropped_resources: set[str] = set()
+
+    def fail(
+        self,
+        verb: str,
+        resource: str,
+        code: int,
+        *,
+        count: int | None = 1,
+        namespace: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        with self._lock:
+            self._errors.append(
+                _Rule(verb, resource, namespace, code=code, remaining=count, retry_after=retry_after)
+            )
+
+    def delay(self, verb: str, resource: str, seconds: float, *, count: int | None = None) -> None:
+        with self._lock:
+            self._delays.append(_Rule(verb, resource, None, seconds=seconds, remaining=count))
+
+    def drop_watches(self, resource: str = "*") -> None:
+        with self._lock:
+            self.watch_generation += 1
+            self.dropped_resources = {resource}
+
+    def clear(self) -> None:
+        with self._lock:
+            self._errors.clear()
+            self._delays.clear()
+
+    def consult(self, verb: str, resource: str, namespace: str | None) -> tuple[float, Injected | None]:
+        """(seconds to delay, an error to answer with) for one request; consumes counted rules."""
+        with self._lock:
+            seconds = 0.0
+            for rule in self._delays:
+                if rule.applies(verb, resource, namespace):
+                    seconds += rule.seconds
+                    if rule.remaining is not None:
+                        rule.remaining -= 1
+            for rule in self._errors:
+                if rule.applies(verb, resource, namespace):
+                    if rule.remaining is not None:
+                        rule.remaining -= 1
+                    return seconds, Injected(rule.code, rule.retry_after)
+            return seconds, None
+
+
+@dataclass(frozen=True)
+class LoggedRequest:
+    time: float
+    user: str
+    verb: str
+    resource: str
+    namespace: str | None
+    name: str | None
+    code: int
+    path: str
+    query: str = field(default="")
+
+
+class RequestLog:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: list[LoggedRequest] = []
+
+    def add(self, entry: LoggedRequest) -> None:
+        with self._lock:
+            self._entries.append(entry)
+
+    def entries(self) -> list[LoggedRequest]:
+        with self._lock:
+            return list(self._entries)
+
+    def count(self, *, verb: str | None = None, resource: str | None = None, user: str | None = None) -> int:
+        return sum(
+            1
+            for e in self.entries()
+            if (verb is None or e.verb == verb)
+            and (resource is None or e.resource == resource)
+            and (user is None or e.user == user)
+        )
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()

@@ -1,0 +1,571 @@
+"""kubesim's storage: objects, one global resourceVersion, the event log that watches read, and the rules.
+
+Stored objects are never changed in place: every write stores a new dict, so readers may share them
+without copying (callers must treat returned objects as read-only and copy before changing). Each write
+bumps the resourceVersion by one and appends one event, so an event is found by its resourceVersion; the
+log keeps the last `compaction_window` events and a watch from an older version gets 410 Expired, as
+etcd compaction does on a real cluster.
+
+Admission (`admit`) runs on CREATE and UPDATE of the main resource from an HTTP client, outside the lock,
+the way kube-apiserver calls webhooks before it persists. Pod rules of the real server live here: the
+scheduling gates may only shrink, a gated or bound pod cannot be bound, only the mutable pod fields
+change, graceful deletion, finalizers, and ownerReference garbage collection.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import copy
+import datetime as dt
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sparkgate.json_patch import PatchError, apply_patch, merge_patch
+
+from . import podrules
+from .errors import (
+    STALE,
+    ApiError,
+    UserInfo,
+    already_exists,
+    bad_request,
+    conflict,
+    expired,
+    invalid,
+    not_found,
+)
+from .resources import RESOURCES, Resource
+from .selectors import field_selector, label_selector
+from .strategic import strategic_merge
+
+Obj = dict[str, Any]
+Key = tuple[str, str]  # (namespace or "", name)
+
+
+@dataclass(frozen=True)
+class AdmissionRequest:
+    operation: str
+    resource: str
+    subresource: str
+    namespace: str
+    name: str
+    obj: Obj | None
+    old: Obj | None
+    user: UserInfo
+    dry_run: bool
+
+
+Admit = Callable[[AdmissionRequest], "Obj | None"]
+Listener = Callable[[str, str, Obj], None]
+
+
+@dataclass(frozen=True)
+class Event:
+    rv: int
+    type: str  # ADDED, MODIFIED, DELETED
+    resource: str
+    obj: Obj
+    old: Obj | None
+
+
+def now_rfc3339(clock: Callable[[], float]) -> str:
+    return dt.datetime.fromtimestamp(clock(), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _resource(plural: str) -> Resource:
+    try:
+        return RESOURCES[plural]
+    except KeyError:
+        raise ApiError(
+            404, "NotFound", f"the server could not find the requested resource ({plural})"
+        ) from None
+
+
+class Store:
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.time,
+        compaction_window: int = 100_000,
+        admit: Admit | None = None,
+    ) -> None:
+        self.clock = clock
+        self.admit = admit
+        self._lock = threading.RLock()
+        self.changed = threading.Condition(self._lock)
+        self._objects: dict[str, dict[Key, Obj]] = {plural: {} for plural in RESOURCES}
+        self._rv = 1
+        self._log: collections.deque[Event] = collections.deque(maxlen=compaction_window)
+        self._floor = 2  # the oldest resourceVersion whose event is still in the log (or the next one)
+        self._listeners: list[Listener] = []
+        self._dispatched = 1
+        self._dispatch_lock = threading.Lock()
+
+    # --- reading -----------------------------------------------------------------------------------
+
+    @property
+    def resource_version(self) -> int:
+        return self._rv
+
+    @property
+    def floor(self) -> int:
+        return self._floor
+
+    def get(self, resource: str, namespace: str | None, name: str) -> Obj:
+        r = _resource(resource)
+        with self._lock:
+            obj = self._objects[resource].get((namespace or "" if r.namespaced else "", name))
+        if obj is None:
+            raise not_found(resource, name)
+        return obj
+
+    def list_objects(
+        self,
+        resource: str,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int | None = None,
+        continue_after: Key | None = None,
+    ) -> tuple[list[Obj], int, Key | None]:
+        """(items sorted by namespace/name, list resourceVersion, the last key when `limit` cut the list)."""
+        _resource(resource)
+        labels_ok = _label_filter(label_selector)
+        fields_ok = _field_filter(field_selector)
+        with self._lock:
+            rv = self._rv
+            keys = sorted(self._objects[resource])
+            objects = self._objects[resource]
+            items: list[Obj] = []
+            last: Key | None = None
+            for key in keys:
+                if continue_after is not None and key <= continue_after:
+                    continue
+                if namespace and key[0] != namespace:
+                    continue
+                obj = objects[key]
+                if not labels_ok((obj.get("metadata") or {}).get("labels") or {}) or not fields_ok(obj):
+                    continue
+                if limit and len(items) == limit:
+                    return items, rv, last
+                items.append(obj)
+                last = key
+        return items, rv, None
+
+    def events_after(self, rv: int) -> list[Event]:
+        """Events with resourceVersion > rv; ApiError 410 when some of them were compacted away."""
+        with self._lock:
+            return self._events_after(rv)
+
+    def _events_after(self, rv: int) -> list[Event]:
+        if rv < self._floor - 1:
+            raise expired(f"too old resource version: {rv} ({self._floor - 1})")
+        if not self._log or rv >= self._rv:
+            return []
+        start = max(rv + 1 - self._log[0].rv, 0)
+        return [self._log[i] for i in range(start, len(self._log))]
+
+    def compact(self) -> None:
+        """Forced compaction: every version up to now becomes too old (410) for watches and list tokens."""
+        with self._lock:
+            self._floor = self._rv + 1
+            self._log.clear()
+            self.changed.notify_all()
+
+    # --- in-process listeners -------------------------------------------------------------------------
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """fn(event_type, resource, obj) after each committed change, in order, outside the store lock."""
+        with self._lock:
+            self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+
+        return unsubscribe
+
+    def _dispatch(self) -> None:
+        # One thread at a time delivers, in resourceVersion order; whoever committed last drains the rest.
+        while True:
+            with self._lock:
+                if self._dispatched >= self._rv:
+                    return
+                if not self._dispatch_lock.acquire(blocking=False):
+                    return
+            try:
+                with self._lock:
+                    start = max(self._dispatched, self._floor - 1)
+                    pending = self._events_after(start) if start < self._rv else []
+                    self._dispatched = self._rv
+                    listeners = list(self._listeners)
+                for event in pending:
+                    for listener in listeners:
+                        listener(event.type, event.resource, event.obj)
+            finally:
+                self._dispatch_lock.release()
+
+    # --- writing --------------------------------------------------------------------------------------
+
+    def _commit(self, resource: str, key: Key, obj: Obj | None, event_type: str, old: Obj | None) -> Obj:
+        """Store (or remove, when obj is None) under the lock; returns what the event carries."""
+        self._rv += 1
+        if obj is None:
+            assert old is not None
+            gone = copy.deepcopy(old)
+            gone["metadata"]["resourceVersion"] = str(self._rv)
+            del self._objects[resource][key]
+            stored = gone
+        else:
+            obj["metadata"]["resourceVersion"] = str(self._rv)
+            self._objects[resource][key] = obj
+            stored = obj
+        self._log.append(Event(self._rv, event_type, resource, stored, old))
+        self._floor = self._log[0].rv
+        self.changed.notify_all()
+        return stored
+
+    def _admit(
+        self,
+        operation: str,
+        resource: str,
+        obj: Obj | None,
+        old: Obj | None,
+        user: UserInfo | None,
+        dry_run: bool,
+    ) -> Obj | None:
+        if self.admit is None or user is None:
+            return obj
+        meta = (obj or old or {}).get("metadata") or {}
+        request = AdmissionRequest(
+            operation, resource, "", meta.get("namespace", ""), meta.get("name", ""), obj, old, user, dry_run
+        )
+        return self.admit(request)
+
+    def create(
+        self,
+        resource: str,
+        obj: Obj,
+        *,
+        namespace: str | None = None,
+        user: UserInfo | None = None,
+        dry_run: bool = False,
+    ) -> Obj:
+        r = _resource(resource)
+        if not isinstance(obj, dict):
+            raise bad_request("the body is not an object")
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        if r.namespaced:
+            body_ns = meta.get("namespace")
+            if namespace and body_ns and body_ns != namespace:
+                raise bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
+            meta["namespace"] = namespace or body_ns or "default"
+        else:
+            meta.pop("namespace", None)
+        if not meta.get("name"):
+            if not meta.get("generateName"):
+                raise invalid(
+                    r.kind, "", [("metadata.name", "Required value: name or generateName is required")]
+                )
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        obj["apiVersion"], obj["kind"] = r.api_version, r.kind
+        if resource == "pods":
+            podrules.default_pod(obj)
+        admitted = self._admit("CREATE", resource, obj, None, user, dry_run)
+        if admitted is not None:
+            obj = admitted
+        name, ns = meta["name"], meta.get("namespace", "")
+        obj["metadata"]["name"] = name
+        if r.namespaced:
+            obj["metadata"]["namespace"] = ns
+        with self._lock:
+            if r.namespaced and (ns and ("", ns) not in self._objects["namespaces"]):
+                raise not_found("namespaces", ns)
+            if (ns, name) in self._objects[resource]:
+                raise already_exists(resource, name)
+            obj["metadata"].update(
+                uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339(self.clock), generation=1
+            )
+            obj["metadata"].pop("resourceVersion", None)
+            if resource == "namespaces":
+                obj["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = name
+                obj.setdefault("status", {"phase": "Active"})
+            if dry_run:
+                obj["metadata"]["resourceVersion"] = str(self._rv)
+                return obj
+            stored = self._commit(resource, (ns, name), obj, "ADDED", None)
+        self._dispatch()
+        return stored
+
+    def replace(
+        self,
+        resource: str,
+        namespace: str | None,
+        name: str,
+        obj: Obj,
+        *,
+        subresource: str = "",
+        user: UserInfo | None = None,
+    ) -> Obj:
+        """PUT: a stale metadata.resourceVersion is a 409 Conflict."""
+        if not isinstance(obj, dict):
+            raise bad_request("the body is not an object")
+        wanted_rv = (obj.get("metadata") or {}).get("resourceVersion")
+        return self._update(
+            resource, namespace, name, lambda current: copy.deepcopy(obj), subresource, user, wanted_rv
+        )
+
+    def patch(
+        self,
+        resource: str,
+        namespace: str | None,
+        name: str,
+        body: Any,
+        content_type: str,
+        *,
+        subresource: str = "",
+        user: UserInfo | None = None,
+    ) -> Obj:
+        kind = content_type.split(";")[0].strip()
+
+        def patched(current: Obj) -> Obj:
+            try:
+                if kind == "application/json-patch+json":
+                    result: Obj = apply_patch(current, body)
+                    return result
+                if kind == "application/merge-patch+json":
+                    merged: Obj = copy.deepcopy(merge_patch(current, body))
+                    return merged
+                if kind == "application/strategic-merge-patch+json":
+                    strategic: Obj = strategic_merge(current, body)
+                    return strategic
+            except PatchError as e:
+                if e.test_failed:
+                    raise invalid(RESOURCES[resource].kind, name, [("", str(e))]) from None
+                raise ApiError(
+                    422, "Invalid", f"the server rejected our request due to an error in our request: {e}"
+                ) from None
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                f"the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json (got {kind})",
+            )
+
+        return self._update(resource, namespace, name, patched, subresource, user, None)
+
+    def _update(
+        self,
+        resource: str,
+        namespace: str | None,
+        name: str,
+        change: Callable[[Obj], Obj],
+        subresource: str,
+        user: UserInfo | None,
+        wanted_rv: str | None,
+    ) -> Obj:
+        r = _resource(resource)
+        key = (namespace or "" if r.namespaced else "", name)
+        for _ in range(20):  # GuaranteedUpdate: retry a PATCH on a concurrent change
+            with self._lock:
+                current = self._objects[resource].get(key)
+                if current is None:
+                    raise not_found(resource, name)
+                seen_rv = current["metadata"]["resourceVersion"]
+            if wanted_rv and wanted_rv != seen_rv:
+                raise conflict(resource, name, STALE)
+            new = change(current)
+            if not isinstance(new, dict):
+                raise bad_request("the result is not an object")
+            new = _keep_identity(current, new, r)
+            if resource == "pods":
+                new = podrules.check_update(current, new, subresource)
+            elif subresource == "status":
+                new = {**copy.deepcopy(current), "status": new.get("status")}
+            if not subresource:
+                admitted = self._admit("UPDATE", resource, new, current, user, False)
+                if admitted is not None:
+                    new = _keep_identity(current, admitted, r)
+            with self._lock:
+                latest = self._objects[resource].get(key)
+                if latest is None:
+                    raise not_found(resource, name)
+                if latest["metadata"]["resourceVersion"] != seen_rv:
+                    if wanted_rv:
+                        raise conflict(resource, name, STALE)
+                    continue
+                if _same_content(latest, new):
+                    return latest
+                if new.get("spec") != latest.get("spec"):
+                    new["metadata"]["generation"] = int(latest["metadata"].get("generation", 1)) + 1
+                finalized = new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers")
+                stored = self._commit(
+                    resource, key, None if finalized else new, "DELETED" if finalized else "MODIFIED", latest
+                )
+            self._dispatch()
+            if finalized:
+                self._collect_dependents(stored)
+            return stored
+        raise conflict(resource, name, STALE)
+
+    def bind(self, namespace: str, name: str, node_name: str, *, user: UserInfo | None = None) -> Obj:
+        """pods/binding: refused for a gated pod and for a pod already bound (409, the real message)."""
+        key = (namespace, name)
+        with self._lock:
+            pod = self._objects["pods"].get(key)
+            if pod is None:
+                raise not_found("pods", name)
+            if pod["metadata"].get("deletionTimestamp"):
+                raise conflict(
+                    "pods/binding", name, f"pod {name} is being deleted, cannot be assigned to a host"
+                )
+            if pod["spec"].get("nodeName"):
+                raise conflict(
+                    "pods/binding",
+                    name,
+                    f'pod {name} is already assigned to node "{pod["spec"]["nodeName"]}"',
+                )
+            if pod["spec"].get("schedulingGates"):
+                raise conflict("pods/binding", name, f"pod {name} has non-empty .spec.schedulingGates")
+            new = copy.deepcopy(pod)
+            new["spec"]["nodeName"] = node_name
+            conditions = [c for c in new["status"].get("conditions", []) if c.get("type") != "PodScheduled"]
+            conditions.append(
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": now_rfc3339(self.clock)}
+            )
+            new["status"]["conditions"] = conditions
+            stored = self._commit("pods", key, new, "MODIFIED", pod)
+        self._dispatch()
+        return stored
+
+    def delete(
+        self,
+        resource: str,
+        namespace: str | None,
+        name: str,
+        *,
+        grace_period_seconds: int | None = None,
+        preconditions: dict[str, Any] | None = None,
+        propagation_policy: str | None = None,
+        user: UserInfo | None = None,
+    ) -> Obj:
+        r = _resource(resource)
+        key = (namespace or "" if r.namespaced else "", name)
+        with self._lock:
+            current = self._objects[resource].get(key)
+            if current is None:
+                raise not_found(resource, name)
+            meta = current["metadata"]
+            for field in ("uid", "resourceVersion"):
+                want = (preconditions or {}).get(field)
+                if want and want != meta.get(field):
+                    raise conflict(
+                        resource,
+                        name,
+                        f"Precondition failed: {field.upper() if field == 'uid' else field} in precondition: {want}, {field.upper() if field == 'uid' else field} in object meta: {meta.get(field)}",
+                    )
+            grace = podrules.grace_period(current, grace_period_seconds) if resource == "pods" else 0
+            if grace > 0 or meta.get("finalizers"):
+                if meta.get("deletionTimestamp") and (
+                    grace >= int(meta.get("deletionGracePeriodSeconds") or 0)
+                ):
+                    return current  # already being deleted
+                new = copy.deepcopy(current)
+                new["metadata"]["deletionTimestamp"] = new["metadata"].get(
+                    "deletionTimestamp"
+                ) or now_rfc3339(lambda: self.clock() + grace)
+                new["metadata"]["deletionGracePeriodSeconds"] = grace
+                stored = self._commit(resource, key, new, "MODIFIED", current)
+                removed = False
+            else:
+                stored = self._commit(resource, key, None, "DELETED", current)
+                removed = True
+        self._dispatch()
+        if removed and propagation_policy != "Orphan":
+            self._collect_dependents(stored)
+        return stored
+
+    def _collect_dependents(self, owner: Obj) -> None:
+        """Background garbage collection: whatever names `owner` in its ownerReferences goes too."""
+        uid = owner["metadata"].get("uid")
+        with self._lock:
+            dependents = [
+                (plural, key)
+                for plural, objects in self._objects.items()
+                for key, obj in objects.items()
+                if any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
+            ]
+        for plural, (ns, name) in dependents:
+            with contextlib.suppress(ApiError):  # already gone
+                self.delete(plural, ns or None, name)
+
+    def delete_collection(
+        self,
+        resource: str,
+        namespace: str | None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> list[Obj]:
+        items, _, _ = self.list_objects(
+            resource, namespace, label_selector=label_selector, field_selector=field_selector
+        )
+        out = []
+        for obj in items:
+            with contextlib.suppress(ApiError):
+                out.append(self.delete(resource, obj["metadata"].get("namespace"), obj["metadata"]["name"]))
+        return out
+
+
+def _label_filter(text: str | None) -> Callable[[dict[str, str]], bool]:
+    try:
+        return label_selector(text)
+    except ValueError as e:
+        raise bad_request(f"unable to parse requirement: {e}") from None
+
+
+def _field_filter(text: str | None) -> Callable[[Obj], bool]:
+    try:
+        return field_selector(text)
+    except ValueError as e:
+        raise bad_request(str(e)) from None
+
+
+def _keep_identity(current: Obj, new: Obj, r: Resource) -> Obj:
+    """Fields a client cannot change with an update: identity, timestamps, the deletion state."""
+    new = dict(new)
+    meta = dict(new.get("metadata") or {})
+    old_meta = current["metadata"]
+    for field in (
+        "name",
+        "namespace",
+        "uid",
+        "creationTimestamp",
+        "generation",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+    ):
+        if field in old_meta:
+            meta[field] = old_meta[field]
+        else:
+            meta.pop(field, None)
+    meta.pop("resourceVersion", None)
+    new["metadata"] = meta
+    new["apiVersion"], new["kind"] = r.api_version, r.kind
+    return copy.deepcopy(new)
+
+
+def _same_content(a: Obj, b: Obj) -> bool:
+    def strip(o: Obj) -> Obj:
+        return {**o, "metadata": {k: v for k, v in o["metadata"].items() if k != "resourceVersion"}}
+
+    return strip(a) == strip(b)
