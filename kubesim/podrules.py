@@ -85,6 +85,8 @@ def check_update(old: Obj, new: Obj, subresource: str) -> Obj:
                 )
     if _mutable_masked(old_spec, gated) != _mutable_masked(new_spec, gated):
         raise invalid("Pod", name, [("spec", SPEC_FORBIDDEN)])
+    if "schedulingGates" in new_spec and not new_spec["schedulingGates"]:
+        new = {**new, "spec": {k: v for k, v in new_spec.items() if k != "schedulingGates"}}  # omitempty
     return new
 
 
