@@ -1,0 +1,188 @@
+"""A whole simulated cluster in one object: API server, admission, scheduler, kubelets, users, drivers.
+
+    with Cluster(nodes=3) as cluster:
+        kubeconfig = cluster.add_user("system:serviceaccount:spark:spark")
+        driver = cluster.spark_driver("spark", "etl", executors=12, user=...)
+        cluster.wait_for(lambda: driver.running() == 12)
+
+`wait_for` re-evaluates its predicate after every change in the store (never by sleeping in a loop), so
+tests wait exactly as long as the cluster needs.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from .admission import WebhookAdmission
+from .apiserver import ADMIN, ApiServer
+from .errors import UserInfo
+from .faults import Faults, RequestLog
+from .kubeconfig import write_kubeconfig
+from .kubelet import Kubelets
+from .scheduler import Scheduler
+from .sparkdriver import SparkDriver
+from .store import Store
+
+
+class Cluster:
+    def __init__(
+        self,
+        *,
+        nodes: int = 3,
+        node_cpu: str = "8",
+        node_memory: str = "32Gi",
+        node_pods: int = 110,
+        start_delay: float = 0.05,
+        terminate_delay: float = 0.05,
+        bind_latency: float = 0.0,
+        max_bind_rate: float | None = None,
+        compaction_window: int = 100_000,
+        bookmark_interval: float = 1.0,
+        services: Mapping[tuple[str, str], str] | None = None,
+        namespaces: Sequence[str] = ("default", "kube-system", "sparkgate-system"),
+        workdir: Path | None = None,
+    ) -> None:
+        self._own_workdir = workdir is None
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="kubesim-"))
+        self.store = Store(compaction_window=compaction_window)
+        self.admission = WebhookAdmission(self.store, services=services)
+        self.store.admit = self.admission
+        self.faults = Faults()
+        self.requests = RequestLog()
+        self.apiserver = ApiServer(
+            self.store, faults=self.faults, log=self.requests, bookmark_interval=bookmark_interval
+        )
+        self.url = self.apiserver.url
+        self.scheduler = Scheduler(self.store, bind_latency=bind_latency, max_bind_rate=max_bind_rate)
+        self.kubelet = Kubelets(self.store, start_delay=start_delay, terminate_delay=terminate_delay)
+        self._kubeconfigs: dict[str, Path] = {}
+        self._drivers: list[SparkDriver] = []
+        self._changed = threading.Condition()
+        self._version = 0
+        self._unsubscribe = self.store.subscribe(self._on_change)
+        for name in namespaces:
+            self.store.create("namespaces", {"metadata": {"name": name}})
+        for i in range(nodes):
+            self.add_node(f"node-{i + 1}", cpu=node_cpu, memory=node_memory, pods=node_pods)
+        self.add_user(ADMIN.username, ADMIN.groups)
+
+    # --- setup ----------------------------------------------------------------------------------------
+
+    def add_node(
+        self,
+        name: str,
+        *,
+        cpu: str,
+        memory: str,
+        pods: int = 110,
+        labels: Mapping[str, str] | None = None,
+        taints: Sequence[Mapping[str, Any]] = (),
+    ) -> None:
+        capacity = {"cpu": cpu, "memory": memory, "pods": str(pods)}
+        self.store.create(
+            "nodes",
+            {
+                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
+                "spec": {"taints": [dict(t) for t in taints]} if taints else {},
+                "status": {
+                    "capacity": capacity,
+                    "allocatable": capacity,
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                },
+            },
+        )
+
+    def add_namespace(self, name: str, labels: Mapping[str, str] | None = None) -> None:
+        self.store.create("namespaces", {"metadata": {"name": name, "labels": dict(labels or {})}})
+
+    def add_user(self, username: str, groups: Sequence[str] = ()) -> Path:
+        """A user with a bearer token; returns a kubeconfig file that authenticates as it."""
+        if username in self._kubeconfigs:
+            return self._kubeconfigs[username]
+        token = secrets.token_hex(16)
+        self.apiserver.add_user(
+            token, UserInfo(username, secrets.token_hex(4), (*groups, "system:authenticated"))
+        )
+        safe = "".join(c if c.isalnum() else "-" for c in username)
+        path = write_kubeconfig(self.workdir / f"kubeconfig-{safe}", self.url, token)
+        self._kubeconfigs[username] = path
+        return path
+
+    def kubeconfig(self, user: str = "admin") -> Path:
+        return self.add_user(user)
+
+    def register_service(self, namespace: str, name: str, base_url: str) -> None:
+        """Where a webhook's clientConfig.service points (the test's or demo's local webhook)."""
+        self.admission.services[(namespace, name)] = base_url
+
+    # --- drivers ----------------------------------------------------------------------------------------
+
+    def spark_driver(
+        self,
+        namespace: str,
+        app_name: str,
+        *,
+        executors: int,
+        user: str | None = None,
+        start: bool = True,
+        **options: Any,
+    ) -> SparkDriver:
+        kubeconfig = self.add_user(user or f"system:serviceaccount:{namespace}:spark")
+        driver = SparkDriver(str(kubeconfig), namespace, app_name, executors=executors, **options)
+        self._drivers.append(driver)
+        return driver.start() if start else driver
+
+    # --- waiting ---------------------------------------------------------------------------------------
+
+    def _on_change(self, kind: str, resource: str, obj: dict[str, Any]) -> None:
+        with self._changed:
+            self._version += 1
+            self._changed.notify_all()
+
+    def notify(self) -> None:
+        """Wake waiters for a change that is not in the store (e.g. a driver's own state)."""
+        self._on_change("", "", {})
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not predicate():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"timed out after {timeout}s waiting for {what or predicate}")
+                # Woken by every store change; the bounded wait only re-checks state kept outside the store.
+                self._changed.wait(min(remaining, 0.5))
+
+    # --- lifecycle -------------------------------------------------------------------------------------
+
+    def start(self) -> Cluster:
+        self.apiserver.start()
+        self.scheduler.start()
+        self.kubelet.start()
+        return self
+
+    def stop(self) -> None:
+        for driver in self._drivers:
+            driver.stop()
+        self.scheduler.stop()
+        self.kubelet.stop()
+        self.apiserver.stop()
+        self._unsubscribe()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

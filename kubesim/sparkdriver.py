@@ -1,0 +1,329 @@
+"""A simulated Spark 4.x driver: executor pods requested as Spark's ExecutorPodsAllocator requests them.
+
+Follows ../shared/reference/spark-executor-allocation.md (1.1-1.8, 2.1-2.3) and what was measured on Spark
+4.3 (../shared/fixtures/README.md), over HTTP with its own service account like the real driver:
+- a driver pod (optional) that owns the executors, and the executor conf ConfigMap;
+- every `batch_delay` an allocation cycle on the latest snapshot of its pods (kept by a watch):
+  Running and Pending pods count toward the target; while a created pod has not been seen yet, no new
+  request is made; otherwise `n = min(target - count, batch_size, max_pending - not running)` pods are
+  created with ids from a monotonic counter;
+- scaling down deletes excess Pending pods (newest first) and remembers their ids;
+- a pod that failed counts as an executor failure and is deleted; a creation the API server refuses counts
+  as one too (measured on 4.3), and at `max_failures` (default 2 x executors) the app dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from sparkgate.kube import Kube, KubeError
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+
+
+class SparkDriver:
+    def __init__(
+        self,
+        kubeconfig: str,
+        namespace: str,
+        app_name: str,
+        *,
+        executors: int,
+        batch_size: int = 5,
+        batch_delay: float = 1.0,
+        max_pending: int | None = None,
+        driver_pod: bool = True,
+        cpu: str = "1",
+        memory: str = "1Gi",
+        labels: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None,
+        max_failures: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.kube = Kube.from_kubeconfig(kubeconfig, max_attempts=3)
+        self.namespace = namespace
+        self.app_name = app_name
+        self.app_id = f"spark-{uuid.uuid4().hex}"
+        self.target = executors
+        self.batch_size = batch_size
+        self.batch_delay = batch_delay
+        self.max_pending = max_pending if max_pending is not None else 2**31 - 1
+        self.with_driver_pod = driver_pod
+        self.cpu = cpu
+        self.memory = memory
+        self.labels = labels or {}
+        self.annotations = annotations or {}
+        self.max_failures = max_failures if max_failures is not None else max(3, 2 * executors)
+        self.clock = clock
+        self.driver_uid: str | None = None
+        self.created: list[int] = []  # executor ids, in creation order
+        self.batches: list[int] = []  # pods created per allocation cycle that created any
+        self.failures = 0
+        self.dead = False
+        self.finished = False
+        self._next_id = 0
+        self._pods: dict[int, Obj] = {}
+        self._newly: set[int] = set()
+        self._failed_seen: set[int] = set()
+        self._deleted: set[int] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+
+    def start(self) -> SparkDriver:
+        if self.with_driver_pod:
+            driver = self.kube.create(f"/api/v1/namespaces/{self.namespace}/pods", self._driver_pod())
+            self.driver_uid = driver["metadata"]["uid"]
+        self.kube.create(f"/api/v1/namespaces/{self.namespace}/configmaps", self._conf_map())
+        for target in (self._watch_loop, self._allocation_loop):
+            thread = threading.Thread(target=target, name=f"spark-driver-{self.app_name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        """Stop requesting executors (the driver process stops; its pods stay until deleted)."""
+        self._stop.set()
+        self._wake.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        self.finished = True
+
+    def delete_driver_pod(self) -> None:
+        self.kube.delete(f"/api/v1/namespaces/{self.namespace}/pods/{self.driver_name}", grace_period=0)
+
+    def scale_to(self, executors: int) -> None:
+        with self._lock:
+            self.target = executors
+        self._wake.set()
+
+    @property
+    def driver_name(self) -> str:
+        return f"{self.app_name}-driver"
+
+    def running(self) -> int:
+        with self._lock:
+            return sum(1 for p in self._pods.values() if _state(p) == "running")
+
+    def pods(self) -> dict[int, Obj]:
+        with self._lock:
+            return dict(self._pods)
+
+    # --- the snapshot: a watch on this app's executor pods ----------------------------------------------
+
+    def _watch_loop(self) -> None:
+        selector = f"spark-app-selector={self.app_id},spark-role=executor"
+        path = f"/api/v1/namespaces/{self.namespace}/pods"
+        rv = ""
+        while not self._stop.is_set():
+            try:
+                if not rv:
+                    items, rv = self.kube.list(path, label_selector=selector)
+                    with self._lock:
+                        self._pods = {_exec_id(p): p for p in items if _exec_id(p) is not None}  # type: ignore[misc]
+                for kind, obj in self.kube.watch(
+                    path, resource_version=rv, label_selector=selector, timeout_seconds=2
+                ):
+                    rv = obj["metadata"].get("resourceVersion", rv)
+                    if kind == "BOOKMARK":
+                        if self._stop.is_set():
+                            break
+                        continue
+                    exec_id = _exec_id(obj)
+                    if exec_id is None:
+                        continue
+                    with self._lock:
+                        if kind == "DELETED":
+                            self._pods.pop(exec_id, None)
+                        else:
+                            self._pods[exec_id] = obj
+                        self._newly.discard(exec_id)
+                    self._wake.set()
+                    if self._stop.is_set():
+                        break
+            except KubeError as e:
+                if e.status == 410:
+                    rv = ""
+                elif self._stop.wait(0.2):
+                    return
+
+    # --- the allocation cycle -------------------------------------------------------------------------
+
+    def _allocation_loop(self) -> None:
+        while not self._stop.is_set():
+            self._cycle()
+            if self.dead:
+                return
+            self._stop.wait(self.batch_delay)
+
+    def _cycle(self) -> None:
+        with self._lock:
+            pods = dict(self._pods)
+            target = self.target
+            newly = set(self._newly)
+        for exec_id, pod in pods.items():
+            if _state(pod) == "failed" and exec_id not in self._failed_seen:
+                self._failed_seen.add(exec_id)
+                self.failures += 1
+                self._delete_executor(exec_id, pod)
+        if self._check_failures():
+            return
+        live = {
+            i: p for i, p in pods.items() if i not in self._deleted and _state(p) in ("pending", "running")
+        }
+        running = sum(1 for p in live.values() if _state(p) == "running")
+        pending = [i for i, p in live.items() if _state(p) == "pending"]
+        not_running = len(pending) + len(newly)
+        count = running + not_running
+        if count > target:
+            excess = count - target
+            for exec_id in sorted(pending, reverse=True)[:excess]:
+                self._deleted.add(exec_id)
+                self._delete_executor(exec_id, pods[exec_id])
+            return
+        if newly or count >= target:
+            return
+        n = min(target - count, self.batch_size, self.max_pending - not_running)
+        created = 0
+        for _ in range(max(n, 0)):
+            self._next_id += 1
+            exec_id = self._next_id
+            try:
+                self.kube.create(f"/api/v1/namespaces/{self.namespace}/pods", self._executor_pod(exec_id))
+            except KubeError as e:
+                log.info("Failed to create executor pod %d: %s", exec_id, e)
+                self.failures += 1
+                if self._check_failures():
+                    return
+                continue
+            with self._lock:
+                if exec_id not in self._pods:
+                    self._newly.add(exec_id)
+            self.created.append(exec_id)
+            created += 1
+        if created:
+            self.batches.append(created)
+
+    def _check_failures(self) -> bool:
+        if self.failures >= self.max_failures and not self.dead:
+            log.warning("Max number of executor failures (%d) reached", self.max_failures)
+            self.dead = True
+            self._stop.set()
+        return self.dead
+
+    def _delete_executor(self, exec_id: int, pod: Obj) -> None:
+        with contextlib.suppress(KubeError):
+            self.kube.delete(f"/api/v1/namespaces/{self.namespace}/pods/{pod['metadata']['name']}")
+
+    # --- the objects Spark creates ---------------------------------------------------------------------
+
+    def _spark_labels(self, role: str) -> dict[str, str]:
+        return {
+            "spark-app-selector": self.app_id,
+            "spark-role": role,
+            "spark-app-name": self.app_name,
+            "spark-version": "4.3.0",
+        }
+
+    def _driver_pod(self) -> Obj:
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": self.driver_name, "labels": self._spark_labels("driver")},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "spark-kubernetes-driver",
+                        "image": "apache/spark:4.3.0",
+                        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+                    }
+                ],
+            },
+        }
+
+    def _conf_map(self) -> Obj:
+        meta: Obj = {
+            "name": f"spark-exec-{uuid.uuid4().hex[:16]}-conf-map",
+            "labels": {"spark-app-selector": self.app_id, "spark-role": "executor"},
+        }
+        if self.driver_uid:
+            meta["ownerReferences"] = [self._owner()]
+        return {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": meta,
+            "data": {"spark.properties": "spark.executor.cores=1\n"},
+        }
+
+    def _owner(self) -> Obj:
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": self.driver_name,
+            "uid": self.driver_uid,
+            "controller": True,
+        }
+
+    def _executor_pod(self, exec_id: int) -> Obj:
+        labels = {
+            **self.labels,
+            **self._spark_labels("executor"),
+            "spark-exec-id": str(exec_id),
+            "spark-exec-resourceprofile-id": "0",
+        }
+        meta: Obj = {"name": f"{self.app_name}-exec-{exec_id}", "labels": labels}
+        if self.annotations:
+            meta["annotations"] = dict(self.annotations)
+        if self.driver_uid:
+            meta["ownerReferences"] = [self._owner()]
+        env = [
+            {"name": "SPARK_EXECUTOR_ID", "value": str(exec_id)},
+            {"name": "SPARK_APPLICATION_ID", "value": self.app_id},
+            {"name": "SPARK_DRIVER_URL", "value": f"spark://CoarseGrainedScheduler@{self.driver_name}:7078"},
+        ]
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": meta,
+            "spec": {
+                "restartPolicy": "Never",
+                "hostname": meta["name"],
+                "containers": [
+                    {
+                        "name": "spark-kubernetes-executor",
+                        "image": "apache/spark:4.3.0",
+                        "args": ["executor"],
+                        "env": env,
+                        "resources": {
+                            "requests": {"cpu": self.cpu, "memory": self.memory},
+                            "limits": {"memory": self.memory},
+                        },
+                    }
+                ],
+            },
+        }
+
+
+def _exec_id(pod: Obj) -> int | None:
+    raw = ((pod.get("metadata") or {}).get("labels") or {}).get("spark-exec-id", "")
+    return int(raw) if raw.isdecimal() else None
+
+
+def _state(pod: Obj) -> str:
+    """Spark's classification (reference 1.4), reduced to what the simulation needs."""
+    phase = ((pod.get("status") or {}).get("phase") or "").lower()
+    if pod["metadata"].get("deletionTimestamp") and phase != "running":
+        return "deleted"
+    return {"pending": "pending", "running": "running", "failed": "failed", "succeeded": "succeeded"}.get(
+        phase, "unknown"
+    )
