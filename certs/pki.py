@@ -15,6 +15,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+BACKDATE = dt.timedelta(minutes=5)  # notBefore lies this far in the past, to absorb clock skew
+
 
 @dataclass(frozen=True)
 class KeyPair:
@@ -52,7 +54,7 @@ def make_ca(common_name: str, now: dt.datetime, lifetime: dt.timedelta) -> KeyPa
         .issuer_name(name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_before(now - BACKDATE)
         .not_valid_after(now + lifetime)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
@@ -105,7 +107,7 @@ def make_serving_cert(
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_before(now - BACKDATE)
         .not_valid_after(min(now + lifetime, ca_cert.not_valid_after_utc))
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)

@@ -1,0 +1,136 @@
+"""The certificate plan and its execution: creation, renewal, repair, and a CA rollover that never leaves
+the API server without trust in the certificate a webhook replica may be serving."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from cryptography import x509
+
+from certs.material import advance, fresh
+from certs.pki import make_ca, make_serving_cert, service_dns_names
+from certs.plan import (
+    CA_CRT,
+    NEXT_CRT,
+    PREVIOUS_CRT,
+    TLS_CRT,
+    Lifetimes,
+    Step,
+    WebhookRef,
+    load_certs,
+    needs_injection,
+    secret_steps,
+    trust_bundle,
+)
+
+NAMES = service_dns_names("sparkgate-webhook", "sparkgate-system")
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+LIFE = Lifetimes()
+HOOKS = (
+    WebhookRef("mutating", "sparkgate", "executors.sparkgate.io"),
+    WebhookRef("validating", "sparkgate", "gate.sparkgate.io"),
+)
+
+
+def verifies(serving_pem: bytes, bundle: bytes, now: dt.datetime) -> bool:
+    """Whether a client trusting `bundle` accepts `serving_pem` for the Service name at `now`."""
+    store = x509.verification.Store(load_certs(bundle))
+    verifier = (
+        x509.verification.PolicyBuilder().store(store).time(now).build_server_verifier(x509.DNSName(NAMES[2]))
+    )
+    try:
+        verifier.verify(load_certs(serving_pem)[0], [])
+    except x509.verification.VerificationError:
+        return False
+    return True
+
+
+def test_nothing_yet_creates_and_then_is_stable() -> None:
+    assert secret_steps(None, {}, NAMES, T0, LIFE) == (Step.CREATE,)
+    data = advance(None, (Step.CREATE,), NAMES, T0, LIFE)
+    assert verifies(data[TLS_CRT], data[CA_CRT], T0)
+    assert trust_bundle(data) == data[CA_CRT]
+    bundles = {ref: trust_bundle(data) for ref in HOOKS}
+    assert secret_steps(data, bundles, NAMES, T0 + dt.timedelta(days=1), LIFE) == ()
+    assert needs_injection(trust_bundle(data), bundles) == ()
+
+
+def test_serving_renewed_before_expiry_under_the_same_ca() -> None:
+    data = fresh(NAMES, T0, LIFE)
+    later = T0 + LIFE.serving - LIFE.serving_renew_before + dt.timedelta(minutes=1)
+    assert secret_steps(data, {}, NAMES, later, LIFE) == (Step.RENEW_SERVING,)
+    renewed = advance(data, (Step.RENEW_SERVING,), NAMES, later, LIFE)
+    assert renewed[CA_CRT] == data[CA_CRT] and renewed[TLS_CRT] != data[TLS_CRT]
+    assert verifies(renewed[TLS_CRT], data[CA_CRT], later)
+
+
+def test_serving_with_other_names_or_another_ca_is_reissued() -> None:
+    data = fresh(NAMES, T0, LIFE)
+    assert secret_steps(data, {}, service_dns_names("other", "ns"), T0, LIFE) == (Step.RENEW_SERVING,)
+    stranger = make_ca("stranger", T0, LIFE.ca)
+    foreign = make_serving_cert(stranger, list(NAMES), T0, LIFE.serving)
+    broken = {**data, TLS_CRT: foreign.cert_pem}
+    assert secret_steps(broken, {}, NAMES, T0, LIFE) == (Step.RENEW_SERVING,)
+    assert secret_steps({**data, TLS_CRT: b"garbage"}, {}, NAMES, T0, LIFE) == (Step.RENEW_SERVING,)
+
+
+def test_expired_or_missing_ca_starts_afresh_and_keeps_foreign_keys() -> None:
+    data = fresh(NAMES, T0, LIFE)
+    assert secret_steps(data, {}, NAMES, T0 + LIFE.ca + dt.timedelta(days=1), LIFE) == (Step.CREATE,)
+    assert secret_steps({TLS_CRT: data[TLS_CRT]}, {}, NAMES, T0, LIFE) == (Step.CREATE,)
+    redone = advance({"extra": b"x", **data}, (Step.CREATE,), NAMES, T0, LIFE)
+    assert redone["extra"] == b"x" and redone[CA_CRT] != data[CA_CRT]
+
+
+def test_wrong_or_empty_ca_bundles_are_reinjected() -> None:
+    data = fresh(NAMES, T0, LIFE)
+    other = make_ca("other", T0, LIFE.ca).cert_pem
+    bundles = {HOOKS[0]: other, HOOKS[1]: trust_bundle(data)}
+    assert needs_injection(trust_bundle(data), bundles) == (HOOKS[0],)
+    assert needs_injection(trust_bundle(data), {HOOKS[1]: b""}) == (HOOKS[1],)
+    # Order and whitespace do not matter, the set of certificates does.
+    assert needs_injection(trust_bundle(data), {HOOKS[0]: b"\n" + data[CA_CRT]}) == ()
+
+
+def test_rollover_keeps_every_recent_serving_certificate_trusted() -> None:
+    """Walk three CA lifetimes in daily sync cycles (10 minutes around the rollover steps), injecting
+    after each Secret write as `certs sync` does, with the API server lagging one cycle behind. At every
+    instant, each serving certificate written in the last `overlap` (what a replica whose Secret volume
+    has not caught up yet still serves) verifies against every caBundle the API server holds."""
+    data = advance(None, (Step.CREATE,), NAMES, T0, LIFE)
+    bundles = {ref: trust_bundle(data) for ref in HOOKS}
+    served: list[tuple[dt.datetime, bytes]] = [(T0, data[TLS_CRT])]
+    seen_steps: list[Step] = []
+    now = T0
+    while now < T0 + 3 * LIFE.ca:
+        steps = secret_steps(data, bundles, NAMES, now, LIFE)
+        seen_steps += steps
+        if steps:
+            data = advance(data, steps, NAMES, now, LIFE)
+            if data[TLS_CRT] != served[-1][1]:
+                served.append((now, data[TLS_CRT]))
+        for ref in needs_injection(trust_bundle(data), bundles):
+            bundles[ref] = trust_bundle(data)
+        recent = [pem for at, pem in served if now - at <= LIFE.overlap] or [served[-1][1]]
+        recent.append(served[-1][1])
+        for pem in recent:
+            for bundle in bundles.values():
+                assert verifies(pem, bundle, now), (now, seen_steps[-3:])
+        rolling = NEXT_CRT in data or PREVIOUS_CRT in data
+        now += dt.timedelta(minutes=10) if rolling else dt.timedelta(days=1)
+    for step in (Step.STAGE_CA, Step.SWITCH_CA, Step.DROP_PREVIOUS_CA, Step.RENEW_SERVING):
+        assert seen_steps.count(step) >= 2, step
+    assert Step.CREATE not in seen_steps
+
+
+def test_switch_waits_until_every_webhook_trusts_the_new_ca() -> None:
+    data = fresh(NAMES, T0, LIFE)
+    near_end = T0 + LIFE.ca - LIFE.ca_renew_before
+    staged = advance(data, (Step.STAGE_CA,), NAMES, near_end, LIFE)
+    assert load_certs(trust_bundle(staged)) == load_certs(data[CA_CRT] + staged[NEXT_CRT])
+    later = near_end + LIFE.overlap
+    half = {HOOKS[0]: trust_bundle(staged), HOOKS[1]: data[CA_CRT]}
+    assert Step.SWITCH_CA not in secret_steps(staged, half, NAMES, later, LIFE)
+    full = {ref: trust_bundle(staged) for ref in HOOKS}
+    assert Step.SWITCH_CA not in secret_steps(staged, full, NAMES, near_end, LIFE)
+    assert secret_steps(staged, full, NAMES, later, LIFE) == (Step.SWITCH_CA,)
