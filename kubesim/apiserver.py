@@ -163,6 +163,7 @@ class ApiServer:
 class _Handler(BaseHTTPRequestHandler):
     api: ApiServer
     protocol_version = "HTTP/1.1"
+    _raw_body = b""
 
     def log_message(self, format: str, *args: Any) -> None:
         return
@@ -195,8 +196,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _body(self) -> Any:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
+        raw = self._raw_body
         if not raw:
             return None
         try:
@@ -211,6 +211,8 @@ class _Handler(BaseHTTPRequestHandler):
         return None
 
     def _serve(self, method: str) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self._raw_body = self.rfile.read(length) if length else b""  # always, to keep the connection in sync
         url = urllib.parse.urlsplit(self.path)
         query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
         user = self._user()

@@ -124,6 +124,7 @@ class Kubelets:
                     "ready": True,
                     "restartCount": 0,
                     "image": c.get("image", ""),
+                    "imageID": "",
                     "state": {"running": {"startedAt": now}},
                 }
                 for c in containers
@@ -159,6 +160,7 @@ class Kubelets:
                     "ready": False,
                     "restartCount": 0,
                     "image": c.get("image", ""),
+                    "imageID": "",
                     "state": {"terminated": {"exitCode": exit_code, "reason": reason, "finishedAt": now}},
                 }
                 for c in containers

@@ -174,6 +174,7 @@ class Store:
     def compact(self) -> None:
         """Forced compaction: every version up to now becomes too old (410) for watches and list tokens."""
         with self._lock:
+            self._rv += 1  # the compaction's own revision: a list now returns a version still served
             self._floor = self._rv + 1
             self._log.clear()
             self.changed.notify_all()

@@ -1,0 +1,265 @@
+"""Admission, scheduler, kubelets and simulated Spark drivers: the cluster as sparkgate sees it."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import ssl
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from certs.pki import make_ca, make_serving_cert
+from kubesim.cluster import Cluster
+
+from .conftest import pod
+
+Answer = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class TinyWebhook:
+    """An HTTPS admission webhook answering with `answer(request)`; records the requests it got."""
+
+    def __init__(self, answer: Answer) -> None:
+        now = dt.datetime.now(dt.UTC)
+        self.ca = make_ca("test-ca", now, dt.timedelta(hours=1))
+        serving = make_serving_cert(
+            self.ca, ["localhost"], now, dt.timedelta(hours=1), ip_addresses=("127.0.0.1",)
+        )
+        self.requests: list[dict[str, Any]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                return
+
+            def do_POST(self) -> None:
+                review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append(review["request"])
+                body = json.dumps(
+                    {
+                        "apiVersion": "admission.k8s.io/v1",
+                        "kind": "AdmissionReview",
+                        "response": {"uid": review["request"]["uid"], **answer(review["request"])},
+                    }
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        import tempfile
+
+        with tempfile.NamedTemporaryFile() as cert, tempfile.NamedTemporaryFile() as key:
+            cert.write(serving.cert_pem)
+            key.write(serving.key_pem)
+            cert.flush()
+            key.flush()
+            context.load_cert_chain(cert.name, key.name)
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def config(self, name: str = "test.example.com", **webhook: Any) -> dict[str, Any]:
+        hook = {
+            "name": name,
+            "clientConfig": {
+                "url": self.url + "/mutate",
+                "caBundle": base64.b64encode(self.ca.cert_pem).decode(),
+            },
+            "rules": [
+                {"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}
+            ],
+            "objectSelector": {"matchLabels": {"spark-role": "executor"}},
+            "admissionReviewVersions": ["v1"],
+            "sideEffects": "None",
+            "failurePolicy": "Fail",
+            "timeoutSeconds": 2,
+            **webhook,
+        }
+        return {"metadata": {"name": name}, "webhooks": [hook]}
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def gate_patch(request: dict[str, Any]) -> dict[str, Any]:
+    ops = [{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": "sparkgate.io/allocator"}]}]
+    return {
+        "allowed": True,
+        "patchType": "JSONPatch",
+        "patch": base64.b64encode(json.dumps(ops).encode()).decode(),
+    }
+
+
+@pytest.fixture
+def webhook() -> Iterator[TinyWebhook]:
+    w = TinyWebhook(gate_patch)
+    yield w
+    w.close()
+
+
+def executor_pod(name: str) -> dict[str, Any]:
+    return pod(name, {"spark-role": "executor", "spark-app-selector": "spark-1"})
+
+
+def test_mutating_webhook_patch_is_applied_and_carries_the_users_identity(
+    cluster: Cluster, core: client.CoreV1Api, webhook: TinyWebhook
+) -> None:
+    cluster.store.create("mutatingwebhookconfigurations", webhook.config())
+    created = core.create_namespaced_pod("spark", executor_pod("e1"))
+    assert [g.name for g in created.spec.scheduling_gates] == ["sparkgate.io/allocator"]
+    assert (
+        webhook.requests[0]["userInfo"]["username"] == "admin"
+        and webhook.requests[0]["operation"] == "CREATE"
+    )
+    core.create_namespaced_pod("spark", pod("not-an-executor"))
+    assert len(webhook.requests) == 1, "objectSelector: only executor pods are sent"
+
+
+def test_namespace_selector_excludes_namespaces(
+    cluster: Cluster, core: client.CoreV1Api, webhook: TinyWebhook
+) -> None:
+    """namespaceSelector matches the namespace's labels; every namespace has kubernetes.io/metadata.name."""
+    selector = {
+        "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["spark"]}]
+    }
+    cluster.store.create("mutatingwebhookconfigurations", webhook.config(namespaceSelector=selector))
+    assert core.create_namespaced_pod("spark", executor_pod("e1")).spec.scheduling_gates is None
+    assert core.create_namespaced_pod("default", executor_pod("e2")).spec.scheduling_gates
+
+
+def test_denial_reaches_the_client_with_the_real_message(cluster: Cluster, core: client.CoreV1Api) -> None:
+    deny = TinyWebhook(lambda r: {"allowed": False, "status": {"code": 403, "message": "no executors today"}})
+    try:
+        cluster.store.create("validatingwebhookconfigurations", deny.config("deny.example.com"))
+        with pytest.raises(client.ApiException) as e:
+            core.create_namespaced_pod("spark", executor_pod("e1"))
+        assert e.value.status == 403
+        assert (
+            json.loads(e.value.body)["message"]
+            == 'admission webhook "deny.example.com" denied the request: no executors today'
+        )
+    finally:
+        deny.close()
+
+
+def test_a_webhook_that_is_down_fails_or_is_ignored_by_failure_policy(
+    cluster: Cluster, core: client.CoreV1Api, webhook: TinyWebhook
+) -> None:
+    config = webhook.config()
+    webhook.close()
+    cluster.store.create("mutatingwebhookconfigurations", config)
+    with pytest.raises(client.ApiException) as e:
+        core.create_namespaced_pod("spark", executor_pod("e1"))
+    assert (
+        e.value.status == 500
+        and 'failed calling webhook "test.example.com"' in json.loads(e.value.body)["message"]
+    )
+    config["webhooks"][0]["failurePolicy"] = "Ignore"
+    cluster.store.replace("mutatingwebhookconfigurations", None, "test.example.com", config)
+    assert core.create_namespaced_pod("spark", executor_pod("e2")).spec.scheduling_gates is None
+
+
+def test_scheduler_binds_ungated_pods_that_fit_respecting_taints(
+    cluster: Cluster, core: client.CoreV1Api
+) -> None:
+    cluster.add_node(
+        "tainted",
+        cpu="64",
+        memory="256Gi",
+        taints=[{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}],
+    )
+    for i in range(10):  # 2 nodes x 4 CPU: room for 8 pods of 1 CPU
+        core.create_namespaced_pod("spark", pod(f"p{i}"))
+    core.create_namespaced_pod("spark", pod("gated", schedulingGates=[{"name": "x/y"}]))
+    core.create_namespaced_pod(
+        "spark",
+        pod("tolerant", tolerations=[{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]),
+    )
+    store = cluster.store
+
+    def where() -> dict[str, str | None]:
+        return {
+            p["metadata"]["name"]: p["spec"].get("nodeName") for p in store.list_objects("pods", "spark")[0]
+        }
+
+    cluster.wait_for(
+        lambda: sum(1 for n in where().values() if n) == 9, what="8 pods + the tolerant one bound"
+    )
+    placed = where()
+    assert placed["gated"] is None and placed["tolerant"] == "tainted"
+    assert [n for n in placed.values()].count("tainted") == 1
+    unbound = [
+        p
+        for p in store.list_objects("pods", "spark")[0]
+        if not p["spec"].get("nodeName") and p["metadata"]["name"] != "gated"
+    ]
+    cluster.wait_for(
+        lambda: all(
+            c.get("reason") == "Unschedulable"
+            for p in unbound
+            for c in store.get("pods", "spark", p["metadata"]["name"])["status"].get("conditions", [])
+        )
+    )
+    assert [p["metadata"]["name"] for p in unbound] == ["p8", "p9"], "first come, first served"
+
+
+def test_kubelet_runs_fails_and_evicts_pods(cluster: Cluster, core: client.CoreV1Api) -> None:
+    for name in ("a", "b", "c"):
+        core.create_namespaced_pod("spark", pod(name))
+    phase = lambda n: cluster.store.get("pods", "spark", n)["status"]["phase"]  # noqa: E731
+    cluster.wait_for(lambda: all(phase(n) == "Running" for n in "abc"))
+    cluster.kubelet.oom_kill("spark", "a")
+    cluster.kubelet.evict("spark", "b")
+    cluster.kubelet.succeed("spark", "c")
+    a, b = cluster.store.get("pods", "spark", "a"), cluster.store.get("pods", "spark", "b")
+    assert (
+        a["status"]["phase"] == "Failed"
+        and a["status"]["containerStatuses"][0]["state"]["terminated"]["reason"] == "OOMKilled"
+    )
+    assert b["status"]["reason"] == "Evicted" and phase("c") == "Succeeded"
+
+
+def test_spark_driver_creates_batches_and_ends_with_all_running(cluster: Cluster) -> None:
+    """Spark 4.x: one batch per cycle, the next only once the previous pods were seen (5, 5, 2)."""
+    cluster.add_node("big", cpu="64", memory="256Gi")
+    driver = cluster.spark_driver("spark", "etl", executors=12, batch_size=5, batch_delay=0.2, cpu="1")
+    cluster.wait_for(lambda: driver.running() == 12, what="12 running executors")
+    assert driver.batches == [5, 5, 2] and driver.created == list(range(1, 13))
+    assert (
+        cluster.requests.count(verb="create", resource="pods", user="system:serviceaccount:spark:spark") == 13
+    )
+    executors = [
+        p for p in cluster.store.list_objects("pods", "spark", label_selector="spark-role=executor")[0]
+    ]
+    assert all(p["metadata"]["ownerReferences"][0]["name"] == "etl-driver" for p in executors)
+    driver.scale_to(12)
+    cluster.store.delete("pods", "spark", "etl-driver", grace_period_seconds=0)
+    cluster.wait_for(
+        lambda: not cluster.store.list_objects("pods", "spark")[0],
+        what="executors garbage-collected with their driver",
+    )
+
+
+def test_spark_driver_dies_after_twice_its_executors_denied_creations(cluster: Cluster) -> None:
+    """Measured on Spark 4.3: every denied creation is an executor failure; the app dies at 2 x executors."""
+    deny = TinyWebhook(lambda r: {"allowed": False, "status": {"code": 403, "message": "no"}})
+    try:
+        cluster.store.create("validatingwebhookconfigurations", deny.config("deny.example.com"))
+        driver = cluster.spark_driver("spark", "doomed", executors=12, batch_size=5, batch_delay=0.05)
+        cluster.wait_for(lambda: driver.dead, timeout=60, what="the app to die")
+        assert driver.failures == 24 and driver.created == []
+    finally:
+        deny.close()
