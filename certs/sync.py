@@ -1,0 +1,210 @@
+"""`certs sync`: bring the cluster's certificate Secret and webhook caBundles to what the plan says.
+
+The thin I/O around certs/plan.py. One cycle reads the Secret and the two webhook configurations, writes
+the Secret if the plan has steps (create, or replace with its resourceVersion, so two replicas racing
+cannot both win), then re-injects `caBundle` into every webhook whose bundle differs from the Secret's
+trust bundle, by read-modify-replace with the configuration's resourceVersion: never a merge patch, which
+would replace the whole `webhooks` list. Because every cycle compares, a caBundle overwritten by a re-apply
+of the manifests or by GitOps is repaired at the next cycle.
+
+`run_loop` runs cycles while it holds the `sparkgate-certs` Lease (certs/lease.py), so one replica rotates
+at a time; optimistic concurrency on every write keeps even a lease overlap harmless.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import Counter, Gauge
+
+from sparkgate.kube import Conflict, Kube, KubeError, NotFound
+
+from .lease import LeaseElector
+from .material import advance
+from .pki import service_dns_names
+from .plan import (
+    CA_CRT,
+    TLS_CRT,
+    Lifetimes,
+    Step,
+    WebhookRef,
+    load_certs,
+    needs_injection,
+    secret_steps,
+    trust_bundle,
+)
+
+log = logging.getLogger(__name__)
+
+ADMISSION_API = "/apis/admissionregistration.k8s.io/v1"
+KINDS = {"mutating": "mutatingwebhookconfigurations", "validating": "validatingwebhookconfigurations"}
+
+CA_EXPIRY = Gauge(
+    "sparkgate_certs_ca_expiry_timestamp_seconds", "When the CA signing the serving certificate expires"
+)
+SERVING_EXPIRY = Gauge(
+    "sparkgate_certs_serving_expiry_timestamp_seconds",
+    "When the serving certificate in the Secret expires",
+)
+SYNCS = Counter("sparkgate_certs_syncs", "certs sync cycles by result", ["result"])
+STEPS = Counter("sparkgate_certs_steps", "Certificate steps carried out, by step", ["step"])
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the certificates live and which webhook configurations trust them."""
+
+    namespace: str = "sparkgate-system"
+    secret: str = "sparkgate-webhook-tls"
+    service: str = "sparkgate-webhook"
+    mutating: tuple[str, ...] = ("sparkgate",)
+    validating: tuple[str, ...] = ("sparkgate",)
+    lifetimes: Lifetimes = field(default_factory=Lifetimes)
+
+    @property
+    def secret_path(self) -> str:
+        return f"/api/v1/namespaces/{self.namespace}/secrets/{self.secret}"
+
+    def configurations(self) -> list[tuple[str, str]]:
+        return [("mutating", n) for n in self.mutating] + [("validating", n) for n in self.validating]
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    steps: tuple[Step, ...]
+    injected: tuple[WebhookRef, ...]
+    missing: tuple[str, ...]  # webhook configurations that do not exist (yet)
+
+
+def _decode(data: Mapping[str, str] | None) -> dict[str, bytes]:
+    return {k: base64.b64decode(v) for k, v in (data or {}).items()}
+
+
+def _encode(data: Mapping[str, bytes]) -> dict[str, str]:
+    return {k: base64.b64encode(v).decode() for k, v in sorted(data.items())}
+
+
+def _config_path(kind: str, name: str) -> str:
+    return f"{ADMISSION_API}/{KINDS[kind]}/{name}"
+
+
+def _read_configurations(
+    kube: Kube, target: Target
+) -> tuple[dict[tuple[str, str], Obj], dict[WebhookRef, bytes], list[str]]:
+    configs: dict[tuple[str, str], Obj] = {}
+    bundles: dict[WebhookRef, bytes] = {}
+    missing: list[str] = []
+    for kind, name in target.configurations():
+        try:
+            config = kube.get(_config_path(kind, name))
+        except NotFound:
+            missing.append(f"{KINDS[kind]}/{name}")
+            continue
+        configs[(kind, name)] = config
+        for webhook in config.get("webhooks") or []:
+            raw = (webhook.get("clientConfig") or {}).get("caBundle") or ""
+            bundles[WebhookRef(kind, name, webhook["name"])] = base64.b64decode(raw)
+    return configs, bundles, missing
+
+
+def _write_secret(kube: Kube, target: Target, current: Obj | None, data: Mapping[str, bytes]) -> None:
+    if current is None:
+        body: Obj = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": target.secret,
+                "namespace": target.namespace,
+                "labels": {"app.kubernetes.io/name": "sparkgate", "app.kubernetes.io/component": "certs"},
+            },
+            "type": "kubernetes.io/tls",
+            "data": _encode(data),
+        }
+        kube.create(f"/api/v1/namespaces/{target.namespace}/secrets", body)
+    else:
+        kube.replace(target.secret_path, {**current, "data": _encode(data)})
+
+
+def _inject(kube: Kube, kind: str, name: str, config: Obj, bundle: bytes) -> None:
+    encoded = base64.b64encode(bundle).decode()
+    for attempt in range(5):
+        for webhook in config.get("webhooks") or []:
+            webhook.setdefault("clientConfig", {})["caBundle"] = encoded
+        try:
+            kube.replace(_config_path(kind, name), config)
+            return
+        except Conflict:
+            if attempt == 4:
+                raise
+            config = kube.get(_config_path(kind, name))
+
+
+def sync_once(kube: Kube, target: Target, now: dt.datetime) -> SyncResult:
+    """One cycle: plan, write the Secret if needed, inject caBundles. Raises KubeError on failures that
+    retries did not absorb (a Conflict on the Secret means another replica wrote it: the next cycle
+    re-plans from what it wrote)."""
+    try:
+        secret: Obj | None = kube.get(target.secret_path)
+    except NotFound:
+        secret = None
+    data = _decode(secret.get("data")) if secret is not None else None
+    configs, bundles, missing = _read_configurations(kube, target)
+    names = service_dns_names(target.service, target.namespace)
+    steps = secret_steps(data, bundles, names, now, target.lifetimes)
+    if steps:
+        data = advance(data, steps, names, now, target.lifetimes)
+        _write_secret(kube, target, secret, data)
+        for step in steps:
+            STEPS.labels(step.value).inc()
+        log.info("certificate steps done: %s", ", ".join(s.value for s in steps))
+    assert data is not None
+    bundle = trust_bundle(data)
+    injected = needs_injection(bundle, bundles)
+    for kind, name in sorted({(ref.kind, ref.configuration) for ref in injected}):
+        _inject(kube, kind, name, configs[(kind, name)], bundle)
+        log.info("caBundle injected into %s/%s", KINDS[kind], name)
+    CA_EXPIRY.set(load_certs(data[CA_CRT])[0].not_valid_after_utc.timestamp())
+    SERVING_EXPIRY.set(load_certs(data[TLS_CRT])[0].not_valid_after_utc.timestamp())
+    return SyncResult(steps, injected, tuple(missing))
+
+
+def sync_guarded(kube: Kube, target: Target, now: dt.datetime) -> SyncResult | None:
+    """sync_once for loops: failures are logged and counted, never raised."""
+    try:
+        result = sync_once(kube, target, now)
+    except KubeError as e:
+        SYNCS.labels("error").inc()
+        log.warning("certs sync failed (retried next cycle): %s", e)
+        return None
+    SYNCS.labels("ok").inc()
+    for name in result.missing:
+        log.warning("webhook configuration %s not found: nothing to inject there", name)
+    return result
+
+
+def run_loop(
+    kube: Kube,
+    target: Target,
+    *,
+    identity: str,
+    interval: float,
+    stop: threading.Event,
+    clock: Callable[[], dt.datetime],
+) -> None:
+    """Sync every `interval` seconds while holding the certs Lease, until `stop` is set."""
+    elector = LeaseElector(kube, target.namespace, "sparkgate-certs", identity, duration=3 * interval)
+    try:
+        while not stop.is_set():
+            if elector.try_hold(clock()):
+                sync_guarded(kube, target, clock())
+            stop.wait(interval)
+    finally:
+        elector.release()

@@ -1,0 +1,188 @@
+"""certs sync against kubesim over real HTTP with the official client: Secret creation, caBundle
+injection and repair, a CA rollover driven by an injected clock, the certs Lease, and the CLI."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import datetime as dt
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+
+from certs.lease import LeaseElector, may_take
+from certs.pki import make_ca
+from certs.plan import CA_CRT, NEXT_CRT, PREVIOUS_CRT, TLS_CRT, Lifetimes, Step, load_certs
+from certs.sync import Target, sync_once
+from kubesim.cluster import Cluster
+from sparkgate.cli import main
+from sparkgate.kube import Kube
+
+SA = "system:serviceaccount:sparkgate-system:sparkgate-allocator"
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+
+
+def webhook_configuration(kind: str) -> dict[str, Any]:
+    webhook = {
+        "name": f"{kind}.sparkgate.io",
+        "clientConfig": {"service": {"namespace": "sparkgate-system", "name": "sparkgate-webhook"}},
+        "rules": [
+            {"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}
+        ],
+        "failurePolicy": "Ignore",
+        "sideEffects": "None",
+        "admissionReviewVersions": ["v1"],
+        "timeoutSeconds": 3,
+    }
+    return {"metadata": {"name": "sparkgate"}, "webhooks": [webhook, {**webhook, "name": f"other.{kind}"}]}
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    with Cluster(nodes=1) as c:
+        c.store.create("mutatingwebhookconfigurations", webhook_configuration("mutating"))
+        c.store.create("validatingwebhookconfigurations", webhook_configuration("validating"))
+        yield c
+
+
+@pytest.fixture
+def kube(cluster: Cluster) -> Iterator[Kube]:
+    k = Kube.from_kubeconfig(str(cluster.add_user(SA)))
+    yield k
+    k.close()
+
+
+def secret_data(cluster: Cluster) -> dict[str, bytes]:
+    secret = cluster.store.get("secrets", "sparkgate-system", "sparkgate-webhook-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+    return {k: base64.b64decode(v) for k, v in secret["data"].items()}
+
+
+def bundles(cluster: Cluster) -> list[bytes]:
+    found = []
+    for resource in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+        for webhook in cluster.store.get(resource, None, "sparkgate")["webhooks"]:
+            found.append(base64.b64decode(webhook["clientConfig"].get("caBundle", "")))
+    return found
+
+
+def test_first_sync_creates_the_secret_and_injects_every_webhook(cluster: Cluster, kube: Kube) -> None:
+    result = sync_once(kube, Target(), T0)
+    assert result.steps == (Step.CREATE,) and len(result.injected) == 4 and result.missing == ()
+    data = secret_data(cluster)
+    assert bundles(cluster) == [data[CA_CRT]] * 4
+    serving = load_certs(data[TLS_CRT])[0]
+    sans = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "sparkgate-webhook.sparkgate-system.svc" in sans.get_values_for_type(x509.DNSName)
+    before = cluster.store.resource_version
+    again = sync_once(kube, Target(), T0 + dt.timedelta(days=1))
+    assert again.steps == () and again.injected == ()
+    assert cluster.store.resource_version == before  # a quiet cycle writes nothing
+
+
+def test_overwritten_or_wrong_ca_bundle_is_repaired_in_one_cycle(cluster: Cluster, kube: Kube) -> None:
+    sync_once(kube, Target(), T0)
+    good = secret_data(cluster)[CA_CRT]
+    # A re-apply of the manifests drops caBundle; someone else puts a stranger's CA into the validating one.
+    mwc = cluster.store.get("mutatingwebhookconfigurations", None, "sparkgate")
+    reapplied = copy.deepcopy(webhook_configuration("mutating"))
+    reapplied["metadata"]["resourceVersion"] = mwc["metadata"]["resourceVersion"]
+    cluster.store.replace("mutatingwebhookconfigurations", None, "sparkgate", reapplied)
+    vwc = copy.deepcopy(cluster.store.get("validatingwebhookconfigurations", None, "sparkgate"))
+    stranger = make_ca("stranger", T0, dt.timedelta(days=9)).cert_pem
+    vwc["webhooks"][1]["clientConfig"]["caBundle"] = base64.b64encode(stranger).decode()
+    cluster.store.replace("validatingwebhookconfigurations", None, "sparkgate", vwc)
+    result = sync_once(kube, Target(), T0 + dt.timedelta(minutes=1))
+    assert result.steps == () and len(result.injected) == 3
+    assert bundles(cluster) == [good] * 4
+    after = cluster.store.get("validatingwebhookconfigurations", None, "sparkgate")
+    assert after["webhooks"][1]["timeoutSeconds"] == 3  # the rest of each webhook is untouched
+
+
+def test_expired_ca_is_replaced_and_reinjected(cluster: Cluster, kube: Kube) -> None:
+    target = Target(lifetimes=Lifetimes(ca=dt.timedelta(days=30), ca_renew_before=dt.timedelta(days=1)))
+    sync_once(kube, target, T0)
+    old = secret_data(cluster)[CA_CRT]
+    result = sync_once(kube, target, T0 + dt.timedelta(days=31))
+    assert result.steps == (Step.CREATE,) and len(result.injected) == 4
+    assert secret_data(cluster)[CA_CRT] != old and bundles(cluster) == [secret_data(cluster)[CA_CRT]] * 4
+
+
+def test_rollover_cycle_by_cycle(cluster: Cluster, kube: Kube) -> None:
+    life = Lifetimes()
+    target = Target(lifetimes=life)
+    sync_once(kube, target, T0)
+    first = secret_data(cluster)
+    stage_at = T0 + life.ca - life.ca_renew_before + dt.timedelta(hours=1)
+    assert Step.STAGE_CA in sync_once(kube, target, stage_at).steps
+    staged = secret_data(cluster)
+    assert bundles(cluster) == [first[CA_CRT] + staged[NEXT_CRT]] * 4
+    # Staging does not change who signs the serving certificate.
+    assert load_certs(staged[TLS_CRT])[0].issuer == load_certs(first[CA_CRT])[0].subject
+    assert sync_once(kube, target, stage_at + dt.timedelta(minutes=1)).steps == ()
+    switched_at = stage_at + life.overlap
+    assert sync_once(kube, target, switched_at).steps == (Step.SWITCH_CA,)
+    switched = secret_data(cluster)
+    assert switched[CA_CRT] == staged[NEXT_CRT] and switched[PREVIOUS_CRT] == first[CA_CRT]
+    assert load_certs(switched[TLS_CRT])[0].issuer == load_certs(switched[CA_CRT])[0].subject
+    assert bundles(cluster) == [first[CA_CRT] + switched[CA_CRT]] * 4  # nothing to inject
+    result = sync_once(kube, target, switched_at + life.overlap)
+    assert result.steps == (Step.DROP_PREVIOUS_CA,) and len(result.injected) == 4
+    assert bundles(cluster) == [switched[CA_CRT]] * 4
+
+
+def test_missing_configuration_is_reported_not_fatal(cluster: Cluster, kube: Kube) -> None:
+    cluster.store.delete("validatingwebhookconfigurations", None, "sparkgate")
+    result = sync_once(kube, Target(), T0)
+    assert result.missing == ("validatingwebhookconfigurations/sparkgate",)
+    assert len(result.injected) == 2
+
+
+def test_one_lease_holder_at_a_time(cluster: Cluster, kube: Kube) -> None:
+    a = LeaseElector(kube, "sparkgate-system", "sparkgate-certs", "pod-a", duration=180)
+    b = LeaseElector(kube, "sparkgate-system", "sparkgate-certs", "pod-b", duration=180)
+    assert a.try_hold(T0) and not b.try_hold(T0 + dt.timedelta(seconds=60))
+    assert a.try_hold(T0 + dt.timedelta(seconds=60))
+    assert not b.try_hold(T0 + dt.timedelta(seconds=200))  # renewed at 60 s: good until 240 s
+    assert b.try_hold(T0 + dt.timedelta(seconds=241)) and not a.try_hold(T0 + dt.timedelta(seconds=242))
+    b.release()
+    assert a.try_hold(T0 + dt.timedelta(seconds=243))
+    lease = cluster.store.get("leases", "sparkgate-system", "sparkgate-certs")
+    assert lease["spec"]["holderIdentity"] == "pod-a" and lease["spec"]["leaseTransitions"] == 2
+
+
+def test_may_take() -> None:
+    spec = {"holderIdentity": "x", "renewTime": "2026-01-01T00:00:00.000000Z", "leaseDurationSeconds": 10}
+    assert not may_take(spec, "y", T0 + dt.timedelta(seconds=9))
+    assert may_take(spec, "y", T0 + dt.timedelta(seconds=10))
+    assert may_take(spec, "x", T0) and may_take({}, "y", T0)
+
+
+def test_cli_sync_once_and_generate(
+    cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kubeconfig = str(cluster.add_user(SA))
+    assert main(["certs", "sync", "--once", "--kubeconfig", kubeconfig]) == 0
+    assert "create" in capsys.readouterr().out
+    assert bundles(cluster) == [secret_data(cluster)[CA_CRT]] * 4
+    assert main(["certs", "sync", "--once", "--kubeconfig", kubeconfig]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+
+    out = tmp_path / "tls"
+    assert main(["certs", "generate", "--out", str(out), "--namespace", "ns", "--service", "hook"]) == 0
+    printed = capsys.readouterr().out
+    assert base64.b64decode(printed.split("caBundle: ")[1]) == (out / "ca.crt").read_bytes()
+    assert (out / "tls.key").stat().st_mode & 0o777 == 0o600
+    leaf = load_certs((out / "tls.crt").read_bytes())[0]
+    sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == [
+        "hook",
+        "hook.ns",
+        "hook.ns.svc",
+        "hook.ns.svc.cluster.local",
+    ]
+    assert main(["certs", "generate", "--out", str(out)]) == 1  # no silent overwrite
