@@ -35,6 +35,7 @@ class PodRecord:
     owner_uid: str | None = None  # uid of the controlling owner (the driver pod), if any
     reason: str | None = None  # termination / status reason: OOMKilled, Evicted, Error, Completed...
     exit_code: int | None = None
+    gate_index: int | None = None  # position of the sparkgate gate in spec.schedulingGates (for the patch)
 
     @property
     def app(self) -> AppKey:

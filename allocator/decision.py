@@ -1,0 +1,280 @@
+"""The allocator's rule (DESIGN.md), as a pure function of the cluster state, the policy, the time and memory.
+
+For each application that has gated pods, in order of how long it has been waiting (oldest first), at most
+one batch per decision:
+
+    n = min(batchSize, maxPendingPerApp - inFlight(app), namespace budget, cluster budget, gated(app))
+
+released in executor-id order, only when the app's previous batch is bound to nodes (or gone) and
+`batchDelaySeconds` has passed since its last release. Budgets are never negative: pods that came through
+without sparkgate count toward them and can only make them zero. An app that just got a batch goes to the
+back of the line, so when a namespace or the cluster budget binds, apps take turns.
+
+Settled details:
+- "in flight" = released, not being deleted, phase Pending (PodRecord.in_flight);
+- the previous batch is bound when every pod of it that still exists and is not being deleted has a node;
+- settings come from the profile named on the app's pods and the annotations of its lowest-id pod;
+- a gated pod whose executor id was deleted before is deleted (id reuse refused), never released;
+- an app whose driver is finished, or was seen and is gone, has its gated pods and config maps deleted;
+- a profile's source ConfigMap that does not exist holds the app (a pod that mounts a missing config map
+  cannot start); the per-app copies are created before the first release, in the same decision (the actor
+  carries actions out in order and drops an app's releases when one of its creations fails).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+
+from sparkgate import contract
+from sparkgate.contract import AppKey
+from sparkgate.policy import Allocation, Policy, Profile
+
+from .model import (
+    Action,
+    AppMemory,
+    AppView,
+    CreateConfigMap,
+    DeleteConfigMap,
+    DeletePod,
+    DeletionReason,
+    Event,
+    PodRecord,
+    Release,
+    Snapshot,
+)
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    """What was in force for an app at the last decision (for /apps and metrics)."""
+
+    profile: str | None
+    allocation: Allocation
+    waiting_for: str | None  # why gated pods still wait, None when nothing waits
+
+
+@dataclass(frozen=True)
+class Decision:
+    actions: tuple[Action, ...]
+    memory: dict[AppKey, AppMemory]
+    settings: dict[AppKey, AppSettings] = field(default_factory=dict)
+    limit_hits: Counter[str] = field(default_factory=Counter)  # by scope: app, namespace, cluster
+
+
+def in_flight_counts(snapshot: Snapshot) -> tuple[Counter[str], int]:
+    """Pods in flight per namespace and in the whole cluster."""
+    per_namespace: Counter[str] = Counter()
+    for key, app in snapshot.apps.items():
+        n = sum(1 for p in app.pods if p.in_flight)
+        if n:
+            per_namespace[key.namespace] += n
+    return per_namespace, sum(per_namespace.values())
+
+
+def _order(pod: PodRecord) -> tuple[int, int, str]:
+    return (0, pod.exec_id, pod.name) if pod.exec_id is not None else (1, 0, pod.name)
+
+
+def decide(
+    snapshot: Snapshot,
+    policy: Policy,
+    now: float,
+    memory: Mapping[AppKey, AppMemory],
+    apps: Collection[AppKey] | None = None,
+) -> Decision:
+    keys = list(snapshot.apps) if apps is None else [k for k in apps if k in snapshot.apps]
+    per_namespace, total = in_flight_counts(snapshot)
+    new_memory = {k: copy.deepcopy(memory[k]) if k in memory else AppMemory() for k in keys}
+    keys.sort(
+        key=lambda k: (new_memory[k].waiting_since if new_memory[k].waiting_since is not None else now, k)
+    )
+    actions: list[Action] = []
+    settings: dict[AppKey, AppSettings] = {}
+    hits: Counter[str] = Counter()
+    for key in keys:
+        app, mem = snapshot.apps[key], new_memory[key]
+        pods = sorted(app.pods, key=_order)
+        profile = _profile(policy, pods)
+        allocation, problems = policy.allocation_for(profile, _annotations(pods))
+        first = pods[0] if pods else None
+        for problem in problems:
+            if first is not None:
+                actions.append(
+                    _event(key, first, "Warning", "InvalidAnnotation", problem, f"{key}/annotation")
+                )
+        for pod in pods:
+            if (
+                not pod.gated
+                and pod.profile is None
+                and not pod.deleting
+                and pod.phase in ("Pending", "Running")
+            ):
+                actions.append(
+                    _event(
+                        key,
+                        pod,
+                        "Warning",
+                        "BypassedWebhook",
+                        f"pod {pod.name} was admitted without sparkgate (webhook down or bypassed): it counts "
+                        "toward the limits but was not shaped by the policy",
+                        f"bypass/{pod.uid}",
+                    )
+                )
+        if _finished(app):
+            for pod in pods:
+                if pod.gated and not pod.deleting:
+                    actions.append(DeletePod(key, pod, DeletionReason.APP_FINISHED))
+            actions.extend(DeleteConfigMap(key, name) for name in sorted(app.config_maps))
+            mem.finished, mem.waiting_since = True, None
+            continue
+        gated: list[PodRecord] = []
+        for pod in pods:
+            if not pod.gated or pod.deleting:
+                continue
+            if pod.exec_id is not None and pod.exec_id in mem.deleted_exec_ids:
+                actions.append(DeletePod(key, pod, DeletionReason.ID_REUSE))
+                actions.append(
+                    _event(
+                        key,
+                        pod,
+                        "Warning",
+                        "ExecutorIdReused",
+                        f"executor id {pod.exec_id} of app {key} was deleted before; the pod is deleted, not released",
+                        f"reuse/{pod.uid}",
+                    )
+                )
+            else:
+                gated.append(pod)
+        waiting, released = _release(
+            key, app, gated, profile, allocation, policy, snapshot, mem, now, per_namespace, total, hits
+        )
+        for action in released:
+            actions.append(action)
+            if isinstance(action, Release):
+                per_namespace[key.namespace] += 1
+                total += 1
+        if waiting is not None and gated:
+            scope, message = waiting
+            type_ = "Warning" if scope == "source" else "Normal"
+            reason = "SourceConfigMapMissing" if scope == "source" else "Waiting"
+            actions.append(
+                _event(key, gated[0], type_, reason, f"waiting: {message}", f"{key}/waiting/{scope}")
+            )
+        settings[key] = AppSettings(
+            profile.name if profile else None, allocation, waiting[1] if waiting and gated else None
+        )
+    return Decision(tuple(actions), new_memory, settings, hits)
+
+
+def _release(
+    key: AppKey,
+    app: AppView,
+    gated: list[PodRecord],
+    profile: Profile | None,
+    allocation: Allocation,
+    policy: Policy,
+    snapshot: Snapshot,
+    mem: AppMemory,
+    now: float,
+    per_namespace: Counter[str],
+    total: int,
+    hits: Counter[str],
+) -> tuple[tuple[str, str] | None, list[Action]]:
+    """((scope, why) the remaining gated pods wait, or None; the actions that release a batch)."""
+    if not gated:
+        mem.waiting_since = None
+        return None, []
+    if mem.waiting_since is None:
+        mem.waiting_since = now
+    missing = [
+        cm.source for cm in (profile.config_maps if profile else ()) if cm.source not in snapshot.sources
+    ]
+    if missing:
+        return ("source", f"source ConfigMap {missing[0]} is missing in the sparkgate namespace"), []
+    by_name = {p.name: p for p in app.pods}
+    unbound = [
+        n
+        for n in mem.last_batch
+        if n in by_name
+        and not by_name[n].deleting
+        and by_name[n].node is None
+        and by_name[n].phase == "Pending"
+    ]
+    if unbound:
+        return ("previous-batch", f"app {key}: previous batch not yet bound ({len(unbound)} pods)"), []
+    if mem.last_release_at is not None and now - mem.last_release_at < allocation.batch_delay_seconds:
+        return ("delay", f"app {key}: batch delay of {allocation.batch_delay_seconds:g}s"), []
+    in_flight = sum(1 for p in app.pods if p.in_flight)
+    rooms = {
+        "app": (
+            max(0, allocation.max_pending_per_app - in_flight),
+            f"app {key} has {in_flight}/{allocation.max_pending_per_app} pods in flight",
+        ),
+        "namespace": (
+            max(0, policy.max_pending_per_namespace - per_namespace[key.namespace]),
+            f"namespace {key.namespace} has {per_namespace[key.namespace]}/{policy.max_pending_per_namespace} pods in flight",
+        ),
+        "cluster": (
+            max(0, policy.max_pending_cluster - total),
+            f"the cluster has {total}/{policy.max_pending_cluster} pods in flight",
+        ),
+    }
+    n = min(allocation.batch_size, len(gated), *(room for room, _ in rooms.values()))
+    binding = next(
+        (
+            scope
+            for scope, (room, _) in rooms.items()
+            if room == n and n < min(allocation.batch_size, len(gated))
+        ),
+        None,
+    )
+    if binding is not None:
+        hits[binding] += 1
+    if n == 0:
+        assert binding is not None
+        return (binding, rooms[binding][1]), []
+    actions: list[Action] = []
+    wanted = {
+        contract.app_configmap_name(key.app_id, cm.source): cm.source
+        for cm in (profile.config_maps if profile else ())
+    }
+    owner = app.driver if app.driver is not None and not app.driver.finished else None
+    for name, source in sorted(wanted.items()):
+        if name not in app.config_maps:
+            actions.append(CreateConfigMap(key, source, name, owner))
+    batch = gated[:n]
+    actions.extend(Release(key, pod) for pod in batch)
+    mem.last_release_at = now
+    mem.last_batch = frozenset(p.name for p in batch)
+    mem.waiting_since = now if len(gated) > n else None
+    return ((binding, rooms[binding][1]) if binding and len(gated) > n else None), actions
+
+
+def _finished(app: AppView) -> bool:
+    return (app.driver is not None and app.driver.finished) or (app.driver is None and app.driver_seen)
+
+
+def _profile(policy: Policy, pods: list[PodRecord]) -> Profile | None:
+    for pod in pods:
+        if pod.profile and pod.profile != contract.NO_PROFILE:
+            return policy.profile_named(pod.profile)
+    return None
+
+
+def _annotations(pods: list[PodRecord]) -> dict[str, str]:
+    if not pods:
+        return {}
+    first = pods[0]
+    out = {}
+    if first.batch_size is not None:
+        out[contract.ANNOTATION_BATCH_SIZE] = first.batch_size
+    if first.max_pending is not None:
+        out[contract.ANNOTATION_MAX_PENDING] = first.max_pending
+    return out
+
+
+def _event(key: AppKey, pod: PodRecord, type_: str, reason: str, message: str, rate_key: str) -> Event:
+    return Event(key, pod.name, pod.uid, type_, reason, message, rate_key)
