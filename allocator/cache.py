@@ -1,0 +1,337 @@
+"""The allocator's view of the cluster: reflectors (list, then watch) feeding a cache of compact records.
+
+Each reflector lists its objects, then watches from the list's resourceVersion with bookmarks and a
+server timeout, resumes from the last resourceVersion it saw, relists on 410 (the cache diffs the relist
+against what it held and treats what vanished as deleted) and backs off with jitter on other errors.
+Objects are raw JSON turned at once into small frozen records (allocator/model.py): the cache never keeps
+whole pods. Every change names the apps it touched, so the loop decides only for those.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import random
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from sparkgate import contract
+from sparkgate.contract import AppKey
+from sparkgate.kube import Gone, Kube, KubeError
+
+from .model import AppView, DriverRecord, PodRecord, Snapshot
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+
+
+def _timestamp(text: str | None) -> float:
+    if not text:
+        return 0.0
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def pod_record(obj: Obj) -> PodRecord | None:
+    """The record of an executor pod, or None when it is not one (no app id)."""
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    app_id = labels.get(contract.LABEL_APP_ID)
+    if not app_id:
+        return None
+    raw_id = labels.get(contract.LABEL_EXEC_ID, "")
+    gates = spec.get("schedulingGates") or []
+    gate_index = next((i for i, g in enumerate(gates) if g.get("name") == contract.GATE), None)
+    reason, exit_code = status.get("reason"), None
+    for container in status.get("containerStatuses") or []:
+        terminated = (container.get("state") or {}).get("terminated")
+        if terminated:
+            reason = reason or terminated.get("reason")
+            exit_code = terminated.get("exitCode")
+            if container.get("name") == contract.SPARK_CONTAINER_NAME:
+                break
+    owner = next((r.get("uid") for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
+    return PodRecord(
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        app_id=app_id,
+        exec_id=int(raw_id) if raw_id.isdecimal() else None,
+        resource_profile=labels.get(contract.LABEL_RESOURCE_PROFILE, "0"),
+        gated=gate_index is not None,
+        profile=annotations.get(contract.ANNOTATION_PROFILE),
+        node=spec.get("nodeName") or None,
+        phase=status.get("phase") or "Pending",
+        deleting=bool(meta.get("deletionTimestamp")),
+        created=_timestamp(meta.get("creationTimestamp")),
+        batch_size=annotations.get(contract.ANNOTATION_BATCH_SIZE),
+        max_pending=annotations.get(contract.ANNOTATION_MAX_PENDING),
+        owner_uid=owner,
+        reason=reason,
+        exit_code=exit_code,
+        gate_index=gate_index,
+    )
+
+
+def driver_record(obj: Obj) -> DriverRecord | None:
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    app_id = (meta.get("labels") or {}).get(contract.LABEL_APP_ID)
+    if not app_id:
+        return None
+    return DriverRecord(
+        meta.get("namespace", ""),
+        meta.get("name", ""),
+        meta.get("uid", ""),
+        app_id,
+        status.get("phase") or "Pending",
+        bool(meta.get("deletionTimestamp")),
+    )
+
+
+Gone_ = Callable[[PodRecord, bool], None]  # (the pod's last record, removed from the cluster?)
+
+
+class Cache:
+    """Thread-safe. Reflectors call the `*_event`/`*_replace` methods; the loop calls `snapshot()`."""
+
+    def __init__(self, on_change: Callable[[set[AppKey]], None], on_gone: Gone_) -> None:
+        self._lock = threading.Lock()
+        self._on_change = on_change
+        self._on_gone = on_gone
+        self._pods: dict[AppKey, dict[str, PodRecord]] = {}
+        self._drivers: dict[AppKey, DriverRecord] = {}
+        self._driver_seen: set[AppKey] = set()
+        self._config_maps: dict[AppKey, set[str]] = {}
+        self._sources: set[str] = set()
+        self._views: dict[AppKey, AppView] = {}
+        self._gone_uids: set[str] = set()
+        self.synced: dict[str, bool] = {}
+
+    # --- executor pods ----------------------------------------------------------------------------------
+
+    def pod_event(self, kind: str, obj: Obj) -> None:
+        record = pod_record(obj)
+        if record is None:
+            return
+        with self._lock:
+            self._apply_pod(kind, record)
+        self._on_change({record.app})
+
+    def _apply_pod(self, kind: str, record: PodRecord) -> None:
+        pods = self._pods.setdefault(record.app, {})
+        previous = pods.get(record.name)
+        self._views.pop(record.app, None)
+        if kind == "DELETED":
+            pods.pop(record.name, None)
+            if not pods:
+                del self._pods[record.app]
+            if record.uid not in self._gone_uids:
+                self._on_gone(previous if previous and previous.uid == record.uid else record, True)
+            self._gone_uids.discard(record.uid)
+            return
+        if previous is not None and previous.uid != record.uid and previous.uid not in self._gone_uids:
+            self._on_gone(previous, True)  # replaced by a new pod of the same name while we were away
+        pods[record.name] = record
+        if record.deleting and record.uid not in self._gone_uids:
+            self._gone_uids.add(record.uid)
+            self._on_gone(record, False)
+
+    def pods_replace(self, items: list[Obj]) -> None:
+        """A relist: the new state is the list; what the cache held and the list lacks was deleted."""
+        records = [r for r in map(pod_record, items) if r is not None]
+        fresh = {(r.namespace, r.name): r for r in records}
+        with self._lock:
+            touched = set(self._pods)
+            for pods in list(self._pods.values()):
+                for record in list(pods.values()):
+                    if (record.namespace, record.name) not in fresh:
+                        self._apply_pod("DELETED", record)
+            for record in records:
+                self._apply_pod("MODIFIED", record)
+                touched.add(record.app)
+            self.synced["pods"] = True
+        self._on_change(touched)
+
+    # --- drivers -------------------------------------------------------------------------------------
+
+    def driver_event(self, kind: str, obj: Obj) -> None:
+        record = driver_record(obj)
+        if record is None:
+            return
+        key = AppKey(record.namespace, record.app_id)
+        with self._lock:
+            self._views.pop(key, None)
+            self._driver_seen.add(key)
+            if kind == "DELETED":
+                current = self._drivers.get(key)
+                if current is None or current.uid == record.uid:
+                    self._drivers.pop(key, None)
+            else:
+                self._drivers[key] = record
+        self._on_change({key})
+
+    def drivers_replace(self, items: list[Obj]) -> None:
+        records = [r for r in map(driver_record, items) if r is not None]
+        with self._lock:
+            touched = set(self._drivers)
+            self._drivers = {AppKey(r.namespace, r.app_id): r for r in records}
+            touched |= set(self._drivers)
+            self._driver_seen |= touched
+            for key in touched:
+                self._views.pop(key, None)
+            self.synced["drivers"] = True
+        self._on_change(touched)
+
+    # --- config maps: sparkgate's per-app copies (any namespace) and the sources (install namespace) ----
+
+    def config_map_event(self, kind: str, obj: Obj, *, source: bool) -> None:
+        meta = obj.get("metadata") or {}
+        name = meta.get("name", "")
+        with self._lock:
+            if source:
+                (self._sources.discard if kind == "DELETED" else self._sources.add)(name)
+                touched = set(self._pods)
+                self._views.clear()
+            else:
+                app_id = (meta.get("labels") or {}).get(contract.LABEL_APP_ID)
+                if not app_id:
+                    return
+                key = AppKey(meta.get("namespace", ""), app_id)
+                names = self._config_maps.setdefault(key, set())
+                (names.discard if kind == "DELETED" else names.add)(name)
+                self._views.pop(key, None)
+                touched = {key}
+        self._on_change(touched)
+
+    def config_maps_replace(self, items: list[Obj], *, source: bool) -> None:
+        with self._lock:
+            if source:
+                self._sources = {(o.get("metadata") or {}).get("name", "") for o in items}
+                self.synced["sources"] = True
+            else:
+                self._config_maps = {}
+                for obj in items:
+                    meta = obj.get("metadata") or {}
+                    app_id = (meta.get("labels") or {}).get(contract.LABEL_APP_ID)
+                    if app_id:
+                        self._config_maps.setdefault(AppKey(meta.get("namespace", ""), app_id), set()).add(
+                            meta["name"]
+                        )
+                self.synced["copies"] = True
+            self._views.clear()
+            touched = set(self._pods)
+        self._on_change(touched)
+
+    # --- reading -------------------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            for key in self._pods.keys() - self._views.keys():
+                pods = tuple(self._pods[key].values())
+                self._views[key] = AppView(
+                    key,
+                    pods,
+                    self._drivers.get(key),
+                    key in self._driver_seen,
+                    frozenset(self._config_maps.get(key, ())),
+                )
+            # Apps whose pods are all gone but whose config maps remain still need cleaning up.
+            for key in (self._config_maps.keys() | self._drivers.keys()) - self._views.keys():
+                if self._config_maps.get(key) or key in self._drivers:
+                    self._views[key] = AppView(
+                        key,
+                        (),
+                        self._drivers.get(key),
+                        key in self._driver_seen,
+                        frozenset(self._config_maps.get(key, ())),
+                    )
+            return Snapshot(dict(self._views), frozenset(self._sources))
+
+    def pod(self, namespace: str, name: str, app_id: str) -> PodRecord | None:
+        with self._lock:
+            return self._pods.get(AppKey(namespace, app_id), {}).get(name)
+
+    @property
+    def is_synced(self) -> bool:
+        return all(self.synced.get(k) for k in ("pods", "drivers", "sources", "copies"))
+
+
+class Reflector:
+    """List then watch one kind of object, forever, until stopped."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        name: str,
+        path: str,
+        label_selector: str | None,
+        on_event: Callable[[str, Obj], None],
+        on_replace: Callable[[list[Obj]], None],
+        *,
+        stop: threading.Event,
+        on_restart: Callable[[str, str], None] | None = None,
+        timeout_seconds: int = 240,
+        backoff_base: float = 0.2,
+        backoff_cap: float = 10.0,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.kube = kube
+        self.name = name
+        self.path = path
+        self.label_selector = label_selector
+        self.on_event = on_event
+        self.on_replace = on_replace
+        self.stop = stop
+        self.on_restart = on_restart
+        self.timeout_seconds = timeout_seconds
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self.rand = rand
+        self.resource_version = ""
+        self.thread = threading.Thread(target=self.run, name=f"reflector-{name}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _restart(self, cause: str) -> None:
+        if self.on_restart is not None:
+            self.on_restart(self.name, cause)
+
+    def run(self) -> None:
+        failures = 0
+        while not self.stop.is_set():
+            try:
+                if not self.resource_version:
+                    items, self.resource_version = self.kube.list(
+                        self.path, label_selector=self.label_selector
+                    )
+                    self.on_replace(items)
+                for kind, obj in self.kube.watch(
+                    self.path,
+                    resource_version=self.resource_version,
+                    label_selector=self.label_selector,
+                    timeout_seconds=self.timeout_seconds,
+                ):
+                    failures = 0
+                    rv = (obj.get("metadata") or {}).get("resourceVersion")
+                    if rv:
+                        self.resource_version = rv
+                    if kind != "BOOKMARK":
+                        self.on_event(kind, obj)
+                    if self.stop.is_set():
+                        return
+                self._restart("timeout")  # the server ended the stream: resume from the last version
+            except Gone:
+                log.info("%s: resourceVersion %s expired; relisting", self.name, self.resource_version)
+                self.resource_version = ""
+                self._restart("expired")
+            except KubeError as e:
+                failures += 1
+                delay = self.rand() * min(self.backoff_cap, self.backoff_base * 2**failures)
+                log.warning("%s: %s; retrying in %.2fs", self.name, e, delay)
+                self._restart("error")
+                if self.stop.wait(delay):
+                    return
