@@ -3,6 +3,8 @@
 Environment variables give the in-cluster defaults so that the manifests set them once for the pod:
 SPARKGATE_NAMESPACE, SPARKGATE_CERT_SECRET, SPARKGATE_WEBHOOK_SERVICE, SPARKGATE_WEBHOOK_CONFIGURATION,
 SPARKGATE_POD_NAME (the Lease identity), KUBECONFIG (absent in a pod: the service account is used).
+SPARKGATE_CERTS_SYNC=false turns `certs sync` into a no-op: the cert-manager overlay sets it, since there
+cert-manager owns the Secret and cainjector the caBundles.
 """
 
 from __future__ import annotations
@@ -93,7 +95,14 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def sync_enabled() -> bool:
+    return os.environ.get("SPARKGATE_CERTS_SYNC", "true").lower() not in ("false", "0", "no")
+
+
 def _sync(args: argparse.Namespace) -> int:
+    if not sync_enabled():
+        print("certs sync: disabled by SPARKGATE_CERTS_SYNC (certificates managed elsewhere)")
+        return 0
     from sparkgate.kube import Kube, KubeError
 
     from .sync import Target, run_loop, sync_once
