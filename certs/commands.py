@@ -2,7 +2,7 @@
 
 Environment variables give the in-cluster defaults so that the manifests set them once for the pod:
 SPARKGATE_NAMESPACE, SPARKGATE_CERT_SECRET, SPARKGATE_WEBHOOK_SERVICE, SPARKGATE_WEBHOOK_CONFIGURATION,
-SPARKGATE_POD_NAME (the Lease identity), KUBECONFIG (absent in a pod: the service account is used).
+POD_NAME (the Lease identity), KUBECONFIG (absent in a pod: the service account is used).
 SPARKGATE_CERTS_SYNC=false turns `certs sync` into a no-op: the cert-manager overlay sets it, since there
 cert-manager owns the Secret and cainjector the caBundles.
 """
@@ -68,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=env("SPARKGATE_WEBHOOK_CONFIGURATION", "sparkgate"),
         help="name of both the mutating and the validating webhook configuration",
     )
-    sync.add_argument("--identity", default=env("SPARKGATE_POD_NAME") or socket.gethostname())
+    sync.add_argument("--identity", default=env("POD_NAME") or socket.gethostname())
     sync.add_argument("--metrics-port", type=int, default=0, help="serve /metrics on this port (loop)")
     sync.set_defaults(run=_sync)
 

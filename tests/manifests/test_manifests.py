@@ -112,7 +112,7 @@ def test_settings_match_what_the_code_reads(rendered: dict[tuple[str, str], Obj]
     sources = "\n".join(
         p.read_text() for d in ("webhook", "allocator", "certs", "sparkgate") for p in (REPO / d).glob("*.py")
     )
-    known = set(re.findall(r"SPARKGATE_[A-Z_]+", sources)) | {"PROMETHEUS_MULTIPROC_DIR"}
+    known = set(re.findall(r"\b(SPARKGATE_[A-Z_]+|POD_NAME|PROMETHEUS_MULTIPROC_DIR)\b", sources))
     parser = build_parser()
     commands = {
         name
