@@ -1,0 +1,221 @@
+"""The install end to end on kubesim: the webhook configurations come from the rendered manifests (their
+service reference mapped to a real `sparkgate webhook` gunicorn process), `sparkgate certs sync` creates
+the Secret and injects caBundle, kubesim admits executor pods through the webhook over TLS verified against
+that caBundle for the Service's DNS name (as kube-apiserver does), a CA rollover during a stream of pod
+creations fails no admission, and gate protection refuses users but not the allocator or Spark's driver."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import datetime as dt
+import os
+import ssl
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from certs.plan import CA_CRT, TLS_CRT, TLS_KEY, Lifetimes, Step
+from certs.sync import Target, sync_once
+from kubesim.cluster import Cluster
+from sparkgate.contract import ANNOTATION_PROFILE, GATE
+from sparkgate.kube import Kube, KubeError
+from webhook.local import LocalWebhook
+from webhook.review import DEFAULT_ALLOCATOR_USER
+
+REPO = Path(__file__).resolve().parents[2]
+SERVICE_NAME = "sparkgate-webhook.sparkgate-system.svc"  # what kube-apiserver verifies
+Obj = dict[str, Any]
+
+
+class ServiceNameContext(ssl.SSLContext):
+    """Verifies the server as SERVICE_NAME whatever address it connects to: kubesim dials 127.0.0.1."""
+
+    def wrap_socket(self, sock: Any, *args: Any, **kwargs: Any) -> Any:
+        kwargs["server_hostname"] = SERVICE_NAME
+        return super().wrap_socket(sock, *args, **kwargs)
+
+
+def service_context(ca_bundle: str) -> ssl.SSLContext:
+    context = ServiceNameContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(cadata=base64.b64decode(ca_bundle).decode())
+    return context
+
+
+class Install:
+    def __init__(self, cluster: Cluster, webhook: LocalWebhook, allocator: Kube, target: Target) -> None:
+        self.cluster, self.webhook, self.allocator, self.target = cluster, webhook, allocator, target
+
+    def secret(self) -> dict[str, bytes]:
+        secret = self.cluster.store.get("secrets", "sparkgate-system", "sparkgate-webhook-tls")
+        return {k: base64.b64decode(v) for k, v in secret["data"].items()}
+
+    def mount_secret(self) -> None:
+        """What the kubelet does for the webhook's Secret volume: swap in the new files atomically."""
+        data = self.secret()
+        for name in (TLS_KEY, TLS_CRT):
+            tmp = self.webhook.cert_dir / f".{name}.new"
+            tmp.write_bytes(data[name])
+            os.replace(tmp, self.webhook.cert_dir / name)
+
+    def sync(self, lifetimes: Lifetimes | None = None) -> tuple[Step, ...]:
+        target = Target(lifetimes=lifetimes) if lifetimes else self.target
+        return sync_once(self.allocator, target, dt.datetime.now(dt.UTC)).steps
+
+
+@pytest.fixture(scope="module")
+def install(kustomize: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
+    objects = kustomize.by_kind(kustomize.build(REPO / "manifests"))
+    workdir = tmp_path_factory.mktemp("install")
+    with (
+        LocalWebhook(REPO / "manifests" / "policy.yaml", workdir, workers=2) as webhook,
+        Cluster(nodes=1, namespaces=("default", "kube-system", "sparkgate-system", "spark-jobs")) as cluster,
+    ):
+        cluster.register_service("sparkgate-system", "sparkgate-webhook", webhook.url)
+        cluster.admission._context = service_context  # type: ignore[method-assign]
+        for kind in ("Mutating", "Validating"):
+            config = objects[(f"{kind}WebhookConfiguration", "sparkgate")]
+            cluster.store.create(f"{kind.lower()}webhookconfigurations", config)
+        allocator = Kube.from_kubeconfig(str(cluster.add_user(DEFAULT_ALLOCATOR_USER)))
+        result = Install(cluster, webhook, allocator, Target())
+        assert result.sync() == (Step.CREATE,)
+        result.mount_secret()
+        yield result
+        allocator.close()
+
+
+def executor_pod(reviews: dict[str, Obj], name: str) -> Obj:
+    pod: Obj = copy.deepcopy(reviews["adhoc-query-exec-1"]["request"]["object"])
+    pod["metadata"] = {**pod["metadata"], "name": name, "namespace": "spark-jobs"}
+    pod["metadata"].pop("managedFields", None)
+    return pod
+
+
+def admitted(pod: Obj) -> bool:
+    gates = [g["name"] for g in pod["spec"].get("schedulingGates", [])]
+    return GATE in gates and ANNOTATION_PROFILE in pod["metadata"].get("annotations", {})
+
+
+def test_executor_pods_are_admitted_over_verified_tls(install: Install, reviews: dict[str, Obj]) -> None:
+    bundle = install.cluster.store.get("mutatingwebhookconfigurations", None, "sparkgate")["webhooks"][0]
+    assert base64.b64decode(bundle["clientConfig"]["caBundle"]) == install.secret()[CA_CRT]
+    spark = Kube.from_kubeconfig(str(install.cluster.add_user("system:serviceaccount:spark-jobs:spark")))
+    calls = install.cluster.admission.calls
+    created = spark.create("/api/v1/namespaces/spark-jobs/pods", executor_pod(reviews, "first-exec-1"))
+    spark.close()
+    assert admitted(created) and install.cluster.admission.calls > calls
+
+
+def test_a_wrong_ca_bundle_means_no_admission_until_certs_sync_repairs_it(
+    install: Install, reviews: dict[str, Obj]
+) -> None:
+    store = install.cluster.store
+    config = copy.deepcopy(store.get("mutatingwebhookconfigurations", None, "sparkgate"))
+    stranger = install.webhook.ca_pem  # a CA that did not sign what the webhook serves now
+    config["webhooks"][0]["clientConfig"]["caBundle"] = base64.b64encode(stranger).decode()
+    store.replace("mutatingwebhookconfigurations", None, "sparkgate", config)
+    spark = Kube.from_kubeconfig(str(install.cluster.add_user("system:serviceaccount:spark-jobs:spark")))
+    # failurePolicy Ignore: the pod is created, but without sparkgate.
+    assert not admitted(spark.create("/api/v1/namespaces/spark-jobs/pods", executor_pod(reviews, "bad-ca-1")))
+    assert install.sync() == ()  # nothing to do to the Secret, only the bundle to repair
+    assert admitted(spark.create("/api/v1/namespaces/spark-jobs/pods", executor_pod(reviews, "repaired-1")))
+    spark.close()
+
+
+def test_ca_rollover_during_a_stream_of_pod_creations_fails_no_admission(
+    install: Install, reviews: dict[str, Obj]
+) -> None:
+    spark = Kube.from_kubeconfig(str(install.cluster.add_user("system:serviceaccount:spark-jobs:spark")))
+    results: list[bool] = []
+    errors: list[BaseException] = []
+    progress = threading.Condition()
+    stop = threading.Event()
+
+    def stream() -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            try:
+                pod = spark.create(
+                    "/api/v1/namespaces/spark-jobs/pods", executor_pod(reviews, f"stream-exec-{i}")
+                )
+            except KubeError as e:
+                errors.append(e)
+                return
+            with progress:
+                results.append(admitted(pod))
+                progress.notify_all()
+
+    def after_more(n: int) -> None:
+        with progress:
+            target = len(results) + n
+            assert progress.wait_for(lambda: len(results) >= target or bool(errors), timeout=60)
+
+    thread = threading.Thread(target=stream, name="pod-stream")
+    thread.start()
+    try:
+        after_more(5)
+        # The CA is "due" at once: stage a new CA next to the current one (bundle = old + new).
+        assert install.sync(Lifetimes(ca_renew_before=Lifetimes.ca, overlap=dt.timedelta(0))) == (
+            Step.STAGE_CA,
+        )
+        after_more(5)
+        # Every webhook trusts the new CA: the serving certificate switches to it. The webhook keeps
+        # serving the old one until its Secret volume is updated, which the old CA in the bundle covers.
+        fast = Lifetimes(overlap=dt.timedelta(0))
+        assert install.sync(fast) == (Step.SWITCH_CA,)
+        after_more(5)
+        install.mount_secret()
+        after_more(5)
+        assert install.sync(fast) == (Step.DROP_PREVIOUS_CA,)
+        after_more(10)
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+        spark.close()
+    assert not errors and len(results) >= 30
+    assert all(results), f"{results.count(False)} of {len(results)} pods were not admitted by sparkgate"
+
+
+def gated_pod(install: Install, reviews: dict[str, Obj], name: str) -> Kube:
+    spark = Kube.from_kubeconfig(str(install.cluster.add_user("system:serviceaccount:spark-jobs:spark")))
+    assert admitted(spark.create("/api/v1/namespaces/spark-jobs/pods", executor_pod(reviews, name)))
+    return spark
+
+
+REMOVE_GATE = [
+    {"op": "test", "path": "/spec/schedulingGates/0/name", "value": GATE},
+    {"op": "remove", "path": "/spec/schedulingGates/0"},
+]
+
+
+def test_gate_removal_by_a_user_is_refused_naming_sparkgate(
+    install: Install, reviews: dict[str, Obj]
+) -> None:
+    spark = gated_pod(install, reviews, "jumper-exec-1")
+    with pytest.raises(KubeError) as refused:
+        spark.patch(
+            "/api/v1/namespaces/spark-jobs/pods/jumper-exec-1", REMOVE_GATE, "application/json-patch+json"
+        )
+    spark.close()
+    assert "sparkgate" in refused.value.message and refused.value.status in (400, 403)
+    pod = install.cluster.store.get("pods", "spark-jobs", "jumper-exec-1")
+    assert GATE in [g["name"] for g in pod["spec"]["schedulingGates"]]
+
+
+def test_gate_removal_by_the_allocator_and_driver_label_patches_are_allowed(
+    install: Install, reviews: dict[str, Obj]
+) -> None:
+    spark = gated_pod(install, reviews, "normal-exec-1")
+    path = "/api/v1/namespaces/spark-jobs/pods/normal-exec-1"
+    labelled = spark.patch(
+        path, {"metadata": {"labels": {"spark-exec-inactive": "true"}}}, "application/merge-patch+json"
+    )
+    spark.close()
+    assert labelled["metadata"]["labels"]["spark-exec-inactive"] == "true"
+    released = install.allocator.patch(path, REMOVE_GATE, "application/json-patch+json")
+    assert GATE not in [g["name"] for g in released["spec"].get("schedulingGates", [])]
