@@ -1,0 +1,247 @@
+"""RBAC grants exactly what sparkgate's code calls: no more, no less.
+
+Every Kubernetes call goes through sparkgate/kube.py's `Kube` (`get/list/watch/create/replace/patch/delete`
+or `request(METHOD, path)`). This test reads allocator/*.py and certs/*.py with `ast` and derives, for
+each call, the verb and the path template: a literal or f-string path, a `self.<attr>` assigned an f-string,
+a method or module function returning one, or a module constant; a `Reflector(kube, name, path, ...)`
+lists and watches its path. A call whose path it cannot derive fails the test, so new code keeps its
+paths readable. The union is compared with the rendered ClusterRole and Role, rule by rule and verb by verb.
+Then certs sync really runs on kubesim as the allocator's service account, and every request it made must
+be allowed by the same rules (resourceNames included).
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime as dt
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from certs.lease import LeaseElector
+from certs.plan import Lifetimes
+from certs.sync import Target, sync_once
+from kubesim.cluster import Cluster
+from sparkgate.kube import Kube
+from webhook.review import DEFAULT_ALLOCATOR_USER
+
+REPO = Path(__file__).resolve().parents[2]
+Obj = dict[str, Any]
+METHODS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+CALLS = {"get", "list", "watch", "create", "replace", "patch", "delete", "request"}
+
+
+@dataclass(frozen=True)
+class Use:
+    group: str
+    resource: str
+    verb: str
+    where: str
+
+
+def template(node: ast.expr, module: _Module) -> str | None:
+    """The path an expression builds, with `{}` for every value only known at run time."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        parts = []
+        for value in node.values:
+            if isinstance(value, ast.Constant):
+                parts.append(str(value.value))
+            else:
+                assert isinstance(value, ast.FormattedValue)
+                inner = template(value.value, module) if parts == [] else None
+                parts.append(inner if inner is not None else "{}")
+        return "".join(parts)
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        return module.attributes.get(node.attr)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and not node.args:
+        return module.returns.get(node.func.attr)
+    if isinstance(node, ast.Name):
+        return module.constants.get(node.id)
+    return None
+
+
+class _Module:
+    def __init__(self, tree: ast.Module) -> None:
+        self.attributes: dict[str, str] = {}
+        self.returns: dict[str, str] = {}
+        self.constants: dict[str, str] = {}
+        for statement in tree.body:
+            if isinstance(statement, ast.Assign) and isinstance(statement.targets[0], ast.Name):
+                found = template(statement.value, self)
+                if found is not None:
+                    self.constants[statement.targets[0].id] = found
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Attribute):
+                target = node.targets[0]
+                if isinstance(target.value, ast.Name) and target.value.id == "self":
+                    found = template(node.value, self)
+                    if found is not None and found.startswith("/api"):
+                        self.attributes[target.attr] = found
+            if isinstance(node, ast.FunctionDef):
+                returns = [n for n in ast.walk(node) if isinstance(n, ast.Return) and n.value is not None]
+                if len(returns) == 1 and returns[0].value is not None:
+                    found = template(returns[0].value, self)
+                    if found is not None and found.startswith("/api"):
+                        self.returns[node.name] = found
+
+
+def split(path: str) -> tuple[str, str, bool]:
+    """(API group, resource, names one object) of a path template."""
+    parts = path.split("?")[0].strip("/").split("/")
+    group, body = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
+    if body[:1] == ["namespaces"] and len(body) >= 3:
+        body = body[2:]
+    resource = body[0] + (f"/{body[2]}" if len(body) >= 3 else "")
+    return group, resource, len(body) >= 2
+
+
+def uses_in(path: Path) -> Iterator[Use]:
+    tree = ast.parse(path.read_text())
+    module = _Module(tree)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        where = f"{path.parent.name}/{path.name}:{node.lineno}"
+        func = node.func
+        if isinstance(func, ast.Name) and func.id == "Reflector":
+            found = template(node.args[2], module)
+            assert found is not None, f"{where}: a Reflector path must be a literal"
+            group, resource, _ = split(found)
+            yield Use(group, resource, "list", where)
+            yield Use(group, resource, "watch", where)
+            continue
+        if not (isinstance(func, ast.Attribute) and func.attr in CALLS):
+            continue
+        receiver = ast.unparse(func.value)
+        if not receiver.endswith("kube"):
+            continue
+        if func.attr == "request":
+            method = node.args[0]
+            assert isinstance(method, ast.Constant), f"{where}: the method must be a literal"
+            path_node, verb = node.args[1], METHODS.get(str(method.value), "")
+        else:
+            path_node, verb = node.args[0], {"replace": "update"}.get(func.attr, func.attr)
+        if ast.unparse(path_node) == "self.path" and path.name == "cache.py":
+            continue  # the Reflector's own list/watch: counted at each Reflector(...) above
+        found = template(path_node, module)
+        if found is None and path.parent.name == "certs":
+            continue  # certs builds paths from its Target; its requests are checked live below
+        assert found is not None, f"{where}: cannot tell which resource `{ast.unparse(path_node)}` is"
+        group, resource, named = split(found)
+        if verb == "get" and not named:
+            verb = "list"
+        yield Use(group, resource, verb, where)
+
+
+def code_uses() -> list[Use]:
+    return [u for d in ("allocator", "certs") for p in sorted((REPO / d).glob("*.py")) for u in uses_in(p)]
+
+
+def rules(rendered: dict[tuple[str, str], Obj]) -> list[Obj]:
+    found: list[Obj] = (
+        rendered[("ClusterRole", "sparkgate-allocator")]["rules"]
+        + rendered[("Role", "sparkgate-allocator")]["rules"]
+    )
+    return found
+
+
+def allows(rule: Obj, group: str, resource: str, verb: str, name: str | None = None) -> bool:
+    if group not in rule["apiGroups"] or resource not in rule["resources"] or verb not in rule["verbs"]:
+        return False
+    return "resourceNames" not in rule or (name is not None and name in rule["resourceNames"])
+
+
+def live_certs_requests(tmp_path: Path) -> list[tuple[str, str, str, str | None]]:
+    """(group, resource, verb, name) of every request certs sync and its Lease make on kubesim."""
+    with Cluster(nodes=1, workdir=tmp_path) as cluster:
+        for kind in ("mutating", "validating"):
+            webhook = {
+                "name": f"{kind}.sparkgate.io",
+                "clientConfig": {"url": "https://127.0.0.1:1/x"},
+                "rules": [],
+            }
+            config = {"metadata": {"name": "sparkgate"}, "webhooks": [webhook]}
+            cluster.store.create(f"{kind}webhookconfigurations", config)
+        kube = Kube.from_kubeconfig(str(cluster.add_user(DEFAULT_ALLOCATOR_USER)))
+        now = dt.datetime.now(dt.UTC)
+        elector = LeaseElector(kube, "sparkgate-system", "sparkgate-certs", "pod-a", duration=180)
+        assert elector.try_hold(now) and elector.try_hold(now)
+        sync_once(kube, Target(), now)
+        sync_once(kube, Target(lifetimes=Lifetimes(ca_renew_before=Lifetimes.ca)), now)
+        elector.release()
+        kube.close()
+        found = []
+        for entry in cluster.requests.entries():
+            if entry.user == DEFAULT_ALLOCATOR_USER:
+                group = re.match(r"/apis/([^/]+)/", entry.path)
+                found.append((group.group(1) if group else "", entry.resource, entry.verb, entry.name))
+        return found
+
+
+def test_every_call_in_the_code_is_granted(rendered: dict[tuple[str, str], Obj]) -> None:
+    uses = code_uses()
+    assert {u.resource for u in uses} >= {"pods", "configmaps", "events", "leases"}
+    denied = [u for u in uses if not any(allows(r, u.group, u.resource, u.verb) for r in rules(rendered))]
+    assert not denied, denied
+
+
+def test_every_grant_is_used_by_the_code(rendered: dict[tuple[str, str], Obj], tmp_path: Path) -> None:
+    used = {(u.group, u.resource, u.verb) for u in code_uses()}
+    used |= {(g, r, v) for g, r, v, _ in live_certs_requests(tmp_path)}
+    unused = [
+        (group, resource, verb)
+        for rule in rules(rendered)
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+        if (group, resource, verb) not in used
+    ]
+    assert not unused, f"granted but never called: {unused}"
+
+
+def test_certs_sync_requests_are_allowed_with_their_names(
+    rendered: dict[tuple[str, str], Obj], tmp_path: Path
+) -> None:
+    requests = live_certs_requests(tmp_path)
+    assert {r for _, r, _, _ in requests} == {
+        "secrets",
+        "leases",
+        "mutatingwebhookconfigurations",
+        "validatingwebhookconfigurations",
+    }
+    denied = [req for req in requests if not any(allows(rule, *req) for rule in rules(rendered))]
+    assert not denied, denied
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ('self.kube.patch(f"/api/v1/namespaces/{ns}/pods/{name}", p, "x")', ("", "pods", "patch")),
+        ('self.kube.request("POST", f"/api/v1/namespaces/{ns}/events", body=b)', ("", "events", "create")),
+        ('kube.get("/api/v1/pods")', ("", "pods", "list")),
+        (
+            'self.kube.replace(f"/apis/coordination.k8s.io/v1/namespaces/{n}/leases/{x}", b)',
+            ("coordination.k8s.io", "leases", "update"),
+        ),
+        ('Reflector(kube, "x", "/api/v1/configmaps", None, f, g)', ("", "configmaps", "list")),
+    ],
+)
+def test_the_scanner_reads_calls(tmp_path: Path, source: str, expected: tuple[str, str, str]) -> None:
+    probe = tmp_path / "allocator" / "probe.py"
+    probe.parent.mkdir()
+    probe.write_text(source + "\n")
+    assert [(u.group, u.resource, u.verb) for u in uses_in(probe)][:1] == [expected]
+
+
+def test_the_scanner_refuses_paths_it_cannot_read(tmp_path: Path) -> None:
+    probe = tmp_path / "allocator" / "probe.py"
+    probe.parent.mkdir()
+    probe.write_text("self.kube.delete(make_path(x))\n")
+    with pytest.raises(AssertionError, match="cannot tell which resource"):
+        list(uses_in(probe))
