@@ -9,7 +9,6 @@ that was compacted away gets 410 at connect or an ERROR event in the stream.
 
 from __future__ import annotations
 
-import base64
 import json
 import threading
 import time
@@ -18,11 +17,10 @@ from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .errors import ApiError, UserInfo, bad_request, expired
+from .errors import ApiError, UserInfo, bad_request
 from .faults import Faults, LoggedRequest, RequestLog
 from .resources import RESOURCES, SUBRESOURCES, groups
-from .selectors import field_selector, label_selector
-from .store import Event, Obj, Store
+from .store import Store
 
 ADMIN = UserInfo("admin", "admin", ("system:masters", "system:authenticated"))
 
@@ -60,51 +58,6 @@ def parse_path(path: str) -> Route | None:
     if len(rest) > 3 or (sub and (rest[0], sub) not in SUBRESOURCES):
         return None
     return Route(rest[0], namespace, name, sub)
-
-
-def continue_token(rv: int, last: tuple[str, str]) -> str:
-    return base64.urlsafe_b64encode(json.dumps({"rv": rv, "after": list(last)}).encode()).decode()
-
-
-def read_continue(token: str, floor: int) -> tuple[int, tuple[str, str]]:
-    try:
-        data = json.loads(base64.urlsafe_b64decode(token.encode()))
-        rv, after = int(data["rv"]), (str(data["after"][0]), str(data["after"][1]))
-    except (ValueError, KeyError, IndexError, TypeError):
-        raise bad_request("continue key is not valid") from None
-    if rv < floor - 1:
-        raise expired(
-            "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter."
-        )
-    return rv, after
-
-
-def watch_filter(query: Mapping[str, str], namespace: str | None) -> Callable[[Obj | None], bool]:
-    labels_ok = label_selector(query.get("labelSelector"))
-    fields_ok = field_selector(query.get("fieldSelector"))
-
-    def matches(obj: Obj | None) -> bool:
-        if obj is None:
-            return False
-        meta = obj.get("metadata") or {}
-        if namespace and meta.get("namespace") != namespace:
-            return False
-        return labels_ok(meta.get("labels") or {}) and fields_ok(obj)
-
-    return matches
-
-
-def as_watch_event(event: Event, matches: Callable[[Obj | None], bool]) -> str | None:
-    """The type this watcher sees: a change into or out of its selector is an ADDED or a DELETED."""
-    now_in = matches(event.obj)
-    was_in = matches(event.old) if event.type == "MODIFIED" else now_in
-    if event.type == "MODIFIED":
-        if now_in and was_in:
-            return "MODIFIED"
-        if now_in:
-            return "ADDED"
-        return "DELETED" if was_in else None
-    return event.type if now_in else None
 
 
 class ApiServer:
@@ -265,6 +218,7 @@ class _Handler(BaseHTTPRequestHandler):
                     code,
                     url.path,
                     url.query,
+                    route.subresource if route else "",
                 )
             )
 
@@ -314,21 +268,18 @@ class _Handler(BaseHTTPRequestHandler):
         store = self.api.store
         r = RESOURCES[route.resource]
         if verb == "list":
-            after = None
-            if query.get("continue"):
-                _, after = read_continue(query["continue"], store.floor)
             limit = int(query["limit"]) if query.get("limit") else None
-            items, rv, last = store.list_objects(
+            items, rv, token = store.list(
                 route.resource,
                 route.namespace,
                 label_selector=query.get("labelSelector"),
                 field_selector=query.get("fieldSelector"),
                 limit=limit,
-                continue_after=after,
+                continue_token=query.get("continue"),
             )
-            meta: dict[str, Any] = {"resourceVersion": str(rv)}
-            if last is not None:
-                meta["continue"] = continue_token(rv, last)
+            meta: dict[str, Any] = {"resourceVersion": rv}
+            if token is not None:
+                meta["continue"] = token
             return 200, {"kind": r.list_kind, "apiVersion": r.api_version, "metadata": meta, "items": items}
         if verb == "get":
             assert route.name is not None
@@ -399,77 +350,51 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def _watch(self, route: Route, query: Mapping[str, str]) -> None:
-        api, store = self.api, self.api.store
-        matches = watch_filter(query, route.namespace)
-        if route.name:
-            named = route.name
-            inner = matches
-            matches = lambda obj: inner(obj) and (obj or {}).get("metadata", {}).get("name") == named  # noqa: E731
-        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
-        timeout = float(query.get("timeoutSeconds") or 1800)
-        requested = query.get("resourceVersion")
-        initial: list[Obj] = []
-        with store.changed:
-            if requested in (None, "", "0"):
-                cursor = store.resource_version
-                items, _, _ = store.list_objects(route.resource, route.namespace)
-                initial = [o for o in items if matches(o)]
-            else:
-                cursor = int(requested)
-                store.events_after(cursor)  # 410 at connect when too old
+        api = self.api
+        stream = api.store.watch(
+            route.resource,
+            route.namespace,
+            resource_version=query.get("resourceVersion"),
+            label_selector=query.get("labelSelector"),
+            field_selector=query.get("fieldSelector"),
+            name=route.name,
+        )  # 410 at connect, before the response starts
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        generation = api.faults.watch_generation
-        deadline = api.clock() + timeout
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        deadline = api.clock() + float(query.get("timeoutSeconds") or 1800)
         next_bookmark = api.clock() + api.bookmark_interval
+        unregister = api.faults.register_watch(route.resource, stream.close)
         try:
-            for obj in initial:
-                self._chunk({"type": "ADDED", "object": obj})
             while not api.stopping:
-                with store.changed:
-                    try:
-                        events = store.events_after(cursor)
-                    except ApiError as e:
-                        self._chunk({"type": "ERROR", "object": e.status()})
-                        break
-                    if not events:
-                        wait = min(deadline, next_bookmark) - api.clock()
-                        if wait > 0:
-                            store.changed.wait(min(wait, 0.5))
-                        events = []
-                if api.faults.watch_generation != generation and (
-                    api.faults.dropped_resources & {"*", route.resource}
-                ):
-                    break
-                for event in events:
-                    cursor = event.rv
-                    if event.resource != route.resource:
-                        continue
-                    kind = as_watch_event(event, matches)
-                    if kind is not None:
-                        self._chunk({"type": kind, "object": event.obj})
                 now = api.clock()
                 if now >= deadline:
                     break
                 if bookmarks and now >= next_bookmark:
                     r = RESOURCES[route.resource]
+                    bookmark = {"resourceVersion": stream.resource_version}
                     self._chunk(
                         {
                             "type": "BOOKMARK",
-                            "object": {
-                                "kind": r.kind,
-                                "apiVersion": r.api_version,
-                                "metadata": {"resourceVersion": str(cursor)},
-                            },
+                            "object": {"kind": r.kind, "apiVersion": r.api_version, "metadata": bookmark},
                         }
                     )
                     next_bookmark = now + api.bookmark_interval
+                wait = min(deadline, next_bookmark if bookmarks else deadline) - now
+                item = stream.next(min(max(wait, 0.0), 0.5))
+                if item is not None:
+                    self._chunk({"type": item[0], "object": item[1]})
+                elif stream.closed:
+                    break
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             pass
+        finally:
+            unregister()
+            stream.close()
         self.close_connection = True
 
 

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -43,8 +45,8 @@ class Faults:
         self._lock = threading.Lock()
         self._errors: list[_Rule] = []
         self._delays: list[_Rule] = []
-        self.watch_generation = 0  # bumped by drop_watches; open streams end when it changes
-        self.dropped_resources: set[str] = set()
+        self._watches: dict[int, tuple[str, Callable[[], None]]] = {}
+        self._watch_ids = itertools.count()
 
     def fail(
         self,
@@ -65,10 +67,27 @@ class Faults:
         with self._lock:
             self._delays.append(_Rule(verb, resource, None, seconds=seconds, remaining=count))
 
-    def drop_watches(self, resource: str = "*") -> None:
+    def register_watch(self, resource: str, close: Callable[[], None]) -> Callable[[], None]:
+        """The HTTP layer's open watch streams, so that `drop_watches` can end them; returns unregister."""
         with self._lock:
-            self.watch_generation += 1
-            self.dropped_resources = {resource}
+            key = next(self._watch_ids)
+            self._watches[key] = (resource, close)
+
+        def unregister() -> None:
+            with self._lock:
+                self._watches.pop(key, None)
+
+        return unregister
+
+    def drop_watches(self, resource: str = "*") -> int:
+        """Ends the open watch streams of `resource` ("*": all) now; returns how many."""
+        with self._lock:
+            dropped = [(key, close) for key, (r, close) in self._watches.items() if _matches(resource, r)]
+            for key, _ in dropped:
+                del self._watches[key]
+        for _, close in dropped:
+            close()
+        return len(dropped)
 
     def clear(self) -> None:
         with self._lock:
@@ -103,6 +122,7 @@ class LoggedRequest:
     code: int
     path: str
     query: str = field(default="")
+    subresource: str = field(default="")
 
 
 class RequestLog:

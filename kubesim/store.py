@@ -14,10 +14,13 @@ change, graceful deletion, finalizers, and ownerReference garbage collection.
 
 from __future__ import annotations
 
+import base64
+import builtins
 import collections
 import contextlib
 import copy
 import datetime as dt
+import json
 import threading
 import time
 import uuid
@@ -42,6 +45,7 @@ from .errors import (
 from .resources import RESOURCES, Resource
 from .selectors import field_selector, label_selector
 from .strategic import strategic_merge
+from .watching import Watch, matcher
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace or "", name)
@@ -158,12 +162,60 @@ class Store:
                 last = key
         return items, rv, None
 
-    def events_after(self, rv: int) -> list[Event]:
+    def list(
+        self,
+        resource: str,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int | None = None,
+        continue_token: str | None = None,
+    ) -> tuple[list[Obj], str, str | None]:
+        """(items, the list's resourceVersion, a continue token when `limit` cut the list).
+
+        The token carries the resourceVersion of the first page; once compacted away it is 410 Expired.
+        """
+        after = None
+        if continue_token:
+            after = _decode_continue(continue_token, self._floor)
+        items, rv, last = self.list_objects(
+            resource,
+            namespace,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            limit=limit,
+            continue_after=after[1] if after else None,
+        )
+        if after is not None:
+            rv = after[0]
+        token = _encode_continue(rv, last) if last is not None else None
+        return items, str(rv), token
+
+    def watch(
+        self,
+        resource: str,
+        namespace: str | None = None,
+        *,
+        resource_version: str | None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        name: str | None = None,
+    ) -> Watch:
+        """ApiError 410 Expired when `resource_version` was compacted away, 400 on a bad selector."""
+        _resource(resource)
+        try:
+            matches = matcher(namespace, label_selector, field_selector, name)
+        except ValueError as e:
+            raise bad_request(str(e)) from None
+        return Watch(self, resource, namespace, resource_version=resource_version, matches=matches)
+
+    def events_after(self, rv: int) -> builtins.list[Event]:
         """Events with resourceVersion > rv; ApiError 410 when some of them were compacted away."""
         with self._lock:
             return self._events_after(rv)
 
-    def _events_after(self, rv: int) -> list[Event]:
+    def _events_after(self, rv: int) -> builtins.list[Event]:
         if rv < self._floor - 1:
             raise expired(f"too old resource version: {rv} ({self._floor - 1})")
         if not self._log or rv >= self._rv:
@@ -516,7 +568,7 @@ class Store:
         *,
         label_selector: str | None = None,
         field_selector: str | None = None,
-    ) -> list[Obj]:
+    ) -> builtins.list[Obj]:
         items, _, _ = self.list_objects(
             resource, namespace, label_selector=label_selector, field_selector=field_selector
         )
@@ -525,6 +577,24 @@ class Store:
             with contextlib.suppress(ApiError):
                 out.append(self.delete(resource, obj["metadata"].get("namespace"), obj["metadata"]["name"]))
         return out
+
+
+def _encode_continue(rv: int, last: Key) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"rv": rv, "after": list(last)}).encode()).decode()
+
+
+def _decode_continue(token: str, floor: int) -> tuple[int, Key]:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        rv, after = int(data["rv"]), (str(data["after"][0]), str(data["after"][1]))
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise bad_request("continue key is not valid") from None
+    if rv < floor - 1:
+        raise expired(
+            "The provided continue parameter is too old to display a consistent list result. "
+            "You can start a new list without the continue parameter."
+        )
+    return rv, after
 
 
 def _label_filter(text: str | None) -> Callable[[dict[str, str]], bool]:

@@ -1,0 +1,230 @@
+"""kubesim's Store called in-process, as the scheduler, kubelets and tests do: the seam's rules."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from kubesim.errors import ApiError, UserInfo
+from kubesim.store import AdmissionRequest, Store
+
+USER = UserInfo("alice", "u1", ("system:authenticated",))
+MERGE = "application/merge-patch+json"
+
+
+def cm(name: str, **labels: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": dict(labels)}, "data": {"k": name}}
+
+
+def names(items: list[dict[str, Any]]) -> list[str]:
+    return [o["metadata"]["name"] for o in items]
+
+
+def test_list_pages_carry_the_first_pages_version_and_expire_with_compaction(store: Store) -> None:
+    """API concepts, "Retrieving large results sets in chunks": every page answers with the first page's
+    resourceVersion; a continue token older than the compaction gets 410 Expired."""
+    for i in range(5):
+        store.create("configmaps", cm(f"c{i}"), namespace="spark")
+    page, rv, token = store.list("configmaps", "spark", limit=2)
+    assert names(page) == ["c0", "c1"] and token
+    store.create("configmaps", cm("c9"), namespace="spark")
+    page2, rv2, token2 = store.list("configmaps", "spark", limit=2, continue_token=token)
+    assert names(page2) == ["c2", "c3"] and rv2 == rv and token2
+    store.compact()
+    with pytest.raises(ApiError) as e:
+        store.list("configmaps", "spark", limit=2, continue_token=token2)
+    assert e.value.code == 410 and e.value.reason == "Expired"
+    with pytest.raises(ApiError) as e:
+        store.list("configmaps", "spark", continue_token="garbage")
+    assert e.value.code == 400
+
+
+def test_watch_without_a_version_starts_with_the_current_state(store: Store) -> None:
+    """API conventions: a watch with resourceVersion unset or "0" first sends synthetic ADDED events
+    for the objects that exist, then the changes."""
+    store.create("configmaps", cm("a"), namespace="spark")
+    store.create("configmaps", cm("other"), namespace="default")
+    w = store.watch("configmaps", "spark", resource_version="0")
+    store.create("configmaps", cm("b"), namespace="spark")
+    assert [(t, o["metadata"]["name"]) for t, o in (w.next(5), w.next(5))] == [("ADDED", "a"), ("ADDED", "b")]
+    assert w.next(0.01) is None
+    w.close()
+    assert w.next(1) is None and list(w) == []
+
+
+def test_watch_from_a_version_sees_each_later_change_in_order(store: Store) -> None:
+    store.create("configmaps", cm("a"), namespace="spark")
+    _, rv, _ = store.list("configmaps")
+    w = store.watch("configmaps", resource_version=rv)
+    store.patch("configmaps", "spark", "a", {"data": {"k": "2"}}, MERGE)
+    store.create(
+        "pods", {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}, namespace="spark"
+    )
+    store.delete("configmaps", "spark", "a")
+    seen = [w.next(5) or ("", {}) for _ in range(2)]
+    assert [t for t, _ in seen] == ["MODIFIED", "DELETED"], "other resources are not delivered"
+    assert int(seen[1][1]["metadata"]["resourceVersion"]) == store.resource_version
+    assert w.resource_version == str(store.resource_version)
+
+
+def test_an_object_leaving_the_selector_is_deleted_for_that_watcher(store: Store) -> None:
+    """Like the watch cache (cacheWatcher.convertToWatchEvent): an update that makes an object match a
+    watcher's selector arrives as ADDED, one that makes it stop matching as DELETED."""
+    store.create("configmaps", cm("a", tier="x"), namespace="spark")
+    w = store.watch(
+        "configmaps", "spark", resource_version=str(store.resource_version), label_selector="tier=x"
+    )
+    store.patch("configmaps", "spark", "a", {"metadata": {"labels": {"tier": "y"}}}, MERGE)
+    store.patch("configmaps", "spark", "a", {"data": {"k": "ignored while outside"}}, MERGE)
+    store.patch("configmaps", "spark", "a", {"metadata": {"labels": {"tier": "x"}}}, MERGE)
+    kinds = [w.next(5) for _ in range(2)]
+    assert [k[0] for k in kinds if k] == ["DELETED", "ADDED"]
+    assert w.next(0.01) is None
+
+
+def test_compaction_is_410_at_connect_and_an_error_event_in_stream(store: Store) -> None:
+    old = str(store.resource_version)
+    w = store.watch("configmaps", resource_version=old)
+    store.compact()
+    event = w.next(5)
+    assert event is not None and event[0] == "ERROR"
+    assert event[1]["code"] == 410 and event[1]["reason"] == "Expired" and event[1]["kind"] == "Status"
+    assert w.closed and w.next(0.01) is None
+    with pytest.raises(ApiError) as e:
+        store.watch("configmaps", resource_version=old)
+    assert e.value.code == 410
+    _, rv, _ = store.list("configmaps")
+    store.watch("configmaps", resource_version=rv).close()  # a version from a list after compaction is served
+
+
+def test_the_event_log_is_bounded_by_the_compaction_window() -> None:
+    small = Store(compaction_window=3)
+    small.create("namespaces", {"metadata": {"name": "n"}})
+    start = str(small.resource_version)
+    for i in range(4):
+        small.create("configmaps", cm(f"c{i}"), namespace="n")
+    with pytest.raises(ApiError) as e:
+        small.watch("configmaps", resource_version=start)
+    assert e.value.code == 410
+
+
+def test_subscribers_get_every_change_in_order_outside_the_lock(store: Store) -> None:
+    seen: list[tuple[str, str, str]] = []
+    lock_free: list[bool] = []
+
+    def listener(kind: str, resource: str, obj: dict[str, Any]) -> None:
+        seen.append((kind, resource, obj["metadata"]["name"]))
+        probe = threading.Thread(
+            target=lambda: lock_free.append(store.get("namespaces", None, "spark") != {})
+        )
+        probe.start()
+        probe.join(10)
+
+    unsubscribe = store.subscribe(listener)
+    store.create("configmaps", cm("a"), namespace="spark")
+    store.patch("configmaps", "spark", "a", {"data": {"k": "2"}}, MERGE)
+    store.delete("configmaps", "spark", "a")
+    unsubscribe()
+    store.create("configmaps", cm("b"), namespace="spark")
+    assert seen == [
+        ("ADDED", "configmaps", "a"),
+        ("MODIFIED", "configmaps", "a"),
+        ("DELETED", "configmaps", "a"),
+    ]
+    assert lock_free == [True, True, True], "another thread could read the store during the callback"
+
+
+def test_admission_sees_clients_writes_only(store: Store) -> None:
+    """kube-apiserver calls admission for CREATE and UPDATE of the main resource; in-process components
+    (user None) and the status and binding subresources skip it here."""
+    calls: list[AdmissionRequest] = []
+
+    def admit(request: AdmissionRequest) -> dict[str, Any] | None:
+        calls.append(request)
+        assert request.obj is not None
+        request.obj["metadata"].setdefault("labels", {})["admitted"] = "yes"
+        return request.obj
+
+    store.admit = admit
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}
+    created = store.create("pods", pod, namespace="spark", user=USER)
+    assert created["metadata"]["labels"] == {"admitted": "yes"}
+    store.patch("pods", "spark", "p", {"metadata": {"annotations": {"a": "1"}}}, MERGE, user=USER)
+    store.patch(
+        "pods", "spark", "p", {"status": {"phase": "Running"}}, MERGE, subresource="status", user=USER
+    )
+    store.create("pods", {**pod, "metadata": {"name": "q"}}, namespace="spark")
+    assert [(c.operation, c.name, c.user.username) for c in calls] == [
+        ("CREATE", "p", "alice"),
+        ("UPDATE", "p", "alice"),
+    ]
+    assert calls[1].old is not None and calls[1].old["metadata"]["name"] == "p"
+    dry = store.create(
+        "pods", {**pod, "metadata": {"name": "dry"}}, namespace="spark", user=USER, dry_run=True
+    )
+    assert dry["metadata"]["name"] == "dry" and calls[-1].dry_run
+    with pytest.raises(ApiError):
+        store.get("pods", "spark", "dry")
+
+
+def test_a_denial_from_admission_stores_nothing(store: Store) -> None:
+    def deny(request: AdmissionRequest) -> dict[str, Any] | None:
+        raise ApiError(400, "BadRequest", 'admission webhook "w.x.io" denied the request: no')
+
+    store.admit = deny
+    before = store.resource_version
+    with pytest.raises(ApiError) as e:
+        store.create("configmaps", cm("a"), namespace="spark", user=USER)
+    assert "denied the request" in e.value.message and store.resource_version == before
+
+
+def test_a_patch_is_retried_on_a_concurrent_change_but_a_stale_put_conflicts(store: Store) -> None:
+    """GuaranteedUpdate: PATCH re-applies to the latest object after a concurrent write; PUT carries the
+    client's resourceVersion as a precondition and gets 409 Conflict."""
+    store.create("configmaps", cm("a"), namespace="spark")
+    interfered = threading.Event()
+
+    def admit(request: AdmissionRequest) -> dict[str, Any] | None:
+        if not interfered.is_set():
+            interfered.set()
+            store.patch("configmaps", "spark", "a", {"data": {"other": "1"}}, MERGE)
+        return request.obj
+
+    store.admit = admit
+    patched = store.patch("configmaps", "spark", "a", {"data": {"mine": "1"}}, MERGE, user=USER)
+    assert patched["data"] == {"k": "a", "other": "1", "mine": "1"}, "both writes survive"
+    stale = store.get("configmaps", "spark", "a")
+    store.patch("configmaps", "spark", "a", {"data": {"k": "new"}}, MERGE)
+    with pytest.raises(ApiError) as e:
+        store.replace("configmaps", "spark", "a", {**stale, "data": {}})
+    assert e.value.code == 409 and e.value.reason == "Conflict"
+    assert e.value.message == (
+        'Operation cannot be fulfilled on configmaps "a": the object has been modified; '
+        "please apply your changes to the latest version and try again"
+    )
+
+
+def test_garbage_collection_follows_chains_of_owners(store: Store) -> None:
+    """Background cascading deletion (https://kubernetes.io/docs/concepts/architecture/garbage-collection/):
+    dependents of a deleted owner are deleted, and so are theirs; Orphan leaves them."""
+    top = store.create("configmaps", cm("top"), namespace="spark")
+
+    def owned_by(name: str, owner: dict[str, Any]) -> dict[str, Any]:
+        ref = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "name": owner["metadata"]["name"],
+            "uid": owner["metadata"]["uid"],
+        }
+        return {"metadata": {"name": name, "ownerReferences": [ref]}}
+
+    middle = store.create("configmaps", owned_by("middle", top), namespace="spark")
+    store.create("secrets", owned_by("leaf", middle), namespace="spark")
+    keep = store.create("configmaps", cm("keep"), namespace="spark")
+    store.create("configmaps", owned_by("orphan", keep), namespace="spark")
+    store.delete("configmaps", "spark", "top")
+    store.delete("configmaps", "spark", "keep", propagation_policy="Orphan")
+    assert names(store.list("configmaps", "spark")[0]) == ["orphan"]
+    assert store.list("secrets", "spark")[0] == []
