@@ -117,6 +117,8 @@ class _Handler(BaseHTTPRequestHandler):
     api: ApiServer
     protocol_version = "HTTP/1.1"
     _raw_body = b""
+    _logged = False
+    _record: Callable[[int], None]
 
     def log_message(self, format: str, *args: Any) -> None:
         return
@@ -140,6 +142,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, code: int, document: Any, headers: Mapping[str, str] | None = None) -> None:
         body = json.dumps(document, separators=(",", ":")).encode()
+        self._record(code)
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -171,12 +174,33 @@ class _Handler(BaseHTTPRequestHandler):
         user = self._user()
         route = parse_path(url.path)
         verb = _verb(method, route, query)
-        code = 200
+        self._logged = False
+
+        def record(code: int) -> None:
+            # Logged before the response goes out, so a client that got its answer finds its entry.
+            if not self._logged:
+                self._logged = True
+                self.api.log.add(
+                    LoggedRequest(
+                        time.time(),
+                        user.username if user else "",
+                        verb,
+                        route.audited if route else url.path,
+                        route.namespace if route else None,
+                        route.name if route else None,
+                        code,
+                        url.path,
+                        url.query,
+                        route.subresource if route else "",
+                    )
+                )
+
+        self._record = record
         try:
             if user is None:
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             if route is None:
-                code = self._discovery(url.path)
+                self._discovery(url.path)
                 return
             seconds, injected = self.api.faults.consult(verb, route.audited, route.namespace)
             if seconds:
@@ -189,8 +213,7 @@ class _Handler(BaseHTTPRequestHandler):
             if verb == "watch":
                 self._watch(route, query)
                 return
-            code, document = self._dispatch(method, verb, route, query, user)
-            self._send(code, document)
+            self._send(*self._dispatch(method, verb, route, query, user))
         except _Injected as e:
             code = e.code
             reason = {
@@ -201,28 +224,13 @@ class _Handler(BaseHTTPRequestHandler):
             }.get(code, "InternalError")
             self._send(code, ApiError(code, reason, f"kubesim: injected {code}").status(), e.headers)
         except ApiError as e:
-            code = e.code
             self._send(e.code, e.status())
         except ValueError as e:
-            code = 400
             self._send(400, bad_request(str(e)).status())
         finally:
-            self.api.log.add(
-                LoggedRequest(
-                    time.time(),
-                    user.username if user else "",
-                    verb,
-                    route.audited if route else url.path,
-                    route.namespace if route else None,
-                    route.name if route else None,
-                    code,
-                    url.path,
-                    url.query,
-                    route.subresource if route else "",
-                )
-            )
+            record(500)  # an answer that never went out
 
-    def _discovery(self, path: str) -> int:
+    def _discovery(self, path: str) -> None:
         path = path.rstrip("/")
         if path == "/version":
             self._send(
@@ -260,7 +268,6 @@ class _Handler(BaseHTTPRequestHandler):
             )
         else:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        return 200
 
     def _dispatch(
         self, method: str, verb: str, route: Route, query: Mapping[str, str], user: UserInfo
@@ -359,6 +366,7 @@ class _Handler(BaseHTTPRequestHandler):
             field_selector=query.get("fieldSelector"),
             name=route.name,
         )  # 410 at connect, before the response starts
+        self._record(200)
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")

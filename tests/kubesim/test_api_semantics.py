@@ -1,0 +1,317 @@
+"""kubesim's API server alone (no scheduler, kubelets or admission), through the official client and plain
+HTTP: discovery, selectors, patches, pod rules, deletion, watches and faults, as kube-apiserver behaves."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pytest
+import requests
+from kubernetes import client, watch
+
+from kubesim.errors import UserInfo
+from kubesim.store import Store
+
+from .conftest import Served, pod
+
+Api = client.ApiException
+
+
+def status_of(e: Api) -> dict[str, Any]:
+    return json.loads(e.body)
+
+
+@pytest.fixture
+def core(apiserver: Served) -> client.CoreV1Api:
+    return client.CoreV1Api(apiserver.client)
+
+
+def raw(apiserver: Served, method: str, path: str, **kwargs: Any) -> requests.Response:
+    headers = {"Authorization": "Bearer admin-token", **kwargs.pop("headers", {})}
+    return requests.request(method, apiserver.server.url + path, headers=headers, timeout=30, **kwargs)
+
+
+def bound_pod(store: Store, name: str, **spec: Any) -> None:
+    store.create("pods", pod(name, **spec), namespace="spark")
+    store.bind("spark", name, "node-1")
+
+
+def test_discovery_documents_the_client_reads(apiserver: Served) -> None:
+    assert raw(apiserver, "GET", "/api").json()["versions"] == ["v1"]
+    groups = {
+        g["name"]: g["preferredVersion"]["version"] for g in raw(apiserver, "GET", "/apis").json()["groups"]
+    }
+    assert groups["coordination.k8s.io"] == "v1" and groups["admissionregistration.k8s.io"] == "v1"
+    core_resources = {
+        r["name"]: r["namespaced"] for r in raw(apiserver, "GET", "/api/v1").json()["resources"]
+    }
+    assert core_resources["pods"] and not core_resources["nodes"]
+    leases = raw(apiserver, "GET", "/apis/coordination.k8s.io/v1").json()
+    assert [r["kind"] for r in leases["resources"]] == ["Lease"]
+    missing = raw(apiserver, "GET", "/api/v1/namespaces/spark/widgets")
+    assert missing.status_code == 404 and missing.json()["reason"] == "NotFound"
+
+
+def test_an_unknown_token_is_401_with_a_status(apiserver: Served) -> None:
+    answer = raw(apiserver, "GET", "/api/v1/pods", headers={"Authorization": "Bearer nope"})
+    assert answer.status_code == 401
+    assert answer.json() == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": "Unauthorized",
+        "reason": "Unauthorized",
+        "code": 401,
+    }
+
+
+def test_a_namespaced_create_needs_the_namespace(core: client.CoreV1Api) -> None:
+    """kube-apiserver's NamespaceLifecycle admission: creating in a missing namespace is 404 on it."""
+    with pytest.raises(Api) as e:
+        core.create_namespaced_config_map("nowhere", {"metadata": {"name": "c"}})
+    assert e.value.status == 404 and status_of(e.value)["message"] == 'namespaces "nowhere" not found'
+
+
+def test_set_based_label_selectors_and_field_selectors(core: client.CoreV1Api, apiserver: Served) -> None:
+    """Label selectors (https://kubernetes.io/docs/concepts/overview/working-with-objects/labels/):
+    =, ==, !=, in, notin, exists, !exists; field selectors on metadata.name, spec.nodeName, status.phase."""
+    store = apiserver.store
+    for name, labels in (("a", {"tier": "x", "app": "1"}), ("b", {"tier": "y"}), ("c", {"app": "2"})):
+        store.create("pods", pod(name, labels), namespace="spark")
+    store.bind("spark", "a", "node-1")
+
+    def selected(**query: str) -> list[str]:
+        return sorted(p.metadata.name for p in core.list_namespaced_pod("spark", **query).items)
+
+    assert selected(label_selector="tier in (x,y)") == ["a", "b"]
+    assert selected(label_selector="tier notin (x)") == ["b", "c"], "notin matches a missing label"
+    assert selected(label_selector="app") == ["a", "c"]
+    assert selected(label_selector="!app") == ["b"]
+    assert selected(label_selector="tier!=x,app") == ["c"]
+    assert selected(label_selector="tier==x") == ["a"]
+    assert selected(field_selector="spec.nodeName=node-1") == ["a"]
+    assert selected(field_selector="spec.nodeName=") == ["b", "c"], "unbound pods, as the scheduler lists"
+    assert selected(field_selector="metadata.name!=a,status.phase=Pending") == ["b", "c"]
+    with pytest.raises(Api) as e:
+        core.list_namespaced_pod("spark", field_selector="spec.hostname=x")
+    assert e.value.status == 400
+
+
+def test_merge_and_strategic_merge_patches(core: client.CoreV1Api, apiserver: Served) -> None:
+    """JSON merge patch (RFC 7386): null deletes a key, lists are replaced. Strategic merge patch: lists with
+    a patch merge key merge by it (containers and schedulingGates by name), `$patch: delete` removes one."""
+    apiserver.store.create(
+        "pods",
+        pod("p", {"keep": "1", "drop": "1"}, schedulingGates=[{"name": "a/x"}, {"name": "b/y"}]),
+        namespace="spark",
+    )
+    core.api_client.set_default_header("Content-Type", "application/merge-patch+json")
+    patched = core.patch_namespaced_pod("p", "spark", {"metadata": {"labels": {"drop": None, "new": "2"}}})
+    assert patched.metadata.labels == {"keep": "1", "new": "2"}
+    core.api_client.default_headers.pop("Content-Type")
+    strategic = core.patch_namespaced_pod(
+        "p",
+        "spark",
+        {
+            "spec": {
+                "schedulingGates": [{"$patch": "delete", "name": "a/x"}],
+                "containers": [{"name": "c", "image": "y"}],
+            }
+        },
+    )
+    assert [g.name for g in strategic.spec.scheduling_gates] == ["b/y"]
+    assert (
+        strategic.spec.containers[0].image == "y"
+        and strategic.spec.containers[0].resources.requests["cpu"] == "1"
+    )
+
+
+def test_a_failed_json_patch_test_is_422_and_changes_nothing(
+    core: client.CoreV1Api, apiserver: Served
+) -> None:
+    """RFC 6902 section 5: if a `test` fails the whole patch is not applied; kube-apiserver answers 422."""
+    apiserver.store.create("configmaps", {"metadata": {"name": "c"}, "data": {"a": "1"}}, namespace="spark")
+    before = apiserver.store.get("configmaps", "spark", "c")
+    with pytest.raises(Api) as e:
+        core.patch_namespaced_config_map(
+            "c",
+            "spark",
+            [
+                {"op": "replace", "path": "/data/a", "value": "2"},
+                {"op": "test", "path": "/data/a", "value": "1"},
+            ],
+        )
+    assert e.value.status == 422 and status_of(e.value)["reason"] == "Invalid"
+    assert apiserver.store.get("configmaps", "spark", "c") == before
+
+
+def test_pod_spec_is_immutable_except_the_fields_the_server_allows(
+    core: client.CoreV1Api, apiserver: Served
+) -> None:
+    """Pod update rules (https://kubernetes.io/docs/concepts/workloads/pods/#pod-update-and-replacement):
+    image, activeDeadlineSeconds and toleration additions may change; other spec fields may not. Pod
+    Scheduling Readiness: while gated, nodeSelector may gain entries; gates may only be removed."""
+    apiserver.store.create("pods", pod("p", schedulingGates=[{"name": "a/x"}]), namespace="spark")
+    ok = [
+        {"op": "replace", "path": "/spec/containers/0/image", "value": "other"},
+        {"op": "add", "path": "/spec/activeDeadlineSeconds", "value": 60},
+        {"op": "add", "path": "/spec/tolerations", "value": [{"key": "k", "operator": "Exists"}]},
+        {"op": "add", "path": "/spec/nodeSelector", "value": {"zone": "a"}},
+    ]
+    assert core.patch_namespaced_pod("p", "spark", ok).spec.node_selector == {"zone": "a"}
+    for refused in (
+        [{"op": "replace", "path": "/spec/containers/0/resources/requests/cpu", "value": "2"}],
+        [{"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": "b/y"}}],
+        [{"op": "replace", "path": "/spec/nodeSelector/zone", "value": "b"}],
+        [{"op": "remove", "path": "/spec/tolerations/0"}],
+    ):
+        with pytest.raises(Api) as e:
+            core.patch_namespaced_pod("p", "spark", refused)
+        assert e.value.status == 422 and status_of(e.value)["reason"] == "Invalid", refused
+    core.patch_namespaced_pod("p", "spark", [{"op": "remove", "path": "/spec/schedulingGates"}])
+    with pytest.raises(Api) as e:
+        core.patch_namespaced_pod(
+            "p", "spark", [{"op": "add", "path": "/spec/nodeSelector/disk", "value": "ssd"}]
+        )
+    assert e.value.status == 422, "nodeSelector additions are for gated pods only"
+
+
+def test_status_goes_through_its_subresource_only(core: client.CoreV1Api, apiserver: Served) -> None:
+    """The status subresource changes only .status; an update of the main resource ignores .status."""
+    apiserver.store.create("pods", pod("p"), namespace="spark")
+    ignored = core.patch_namespaced_pod(
+        "p", "spark", {"metadata": {"labels": {"a": "1"}}, "status": {"phase": "Running"}}
+    )
+    assert ignored.status.phase == "Pending" and ignored.metadata.labels == {"a": "1"}
+    current = core.read_namespaced_pod("p", "spark")
+    current.status.phase = "Running"
+    current.spec.containers[0].image = "changed-through-status"
+    updated = core.replace_namespaced_pod_status("p", "spark", current)
+    assert updated.status.phase == "Running" and updated.spec.containers[0].image == "x"
+
+
+def test_deletion_preconditions_grace_and_collections(core: client.CoreV1Api, apiserver: Served) -> None:
+    """Graceful deletion (https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination):
+    a pod bound to a node gets a deletionTimestamp and stays until its kubelet removes it; gracePeriodSeconds=0
+    or an unbound pod goes at once. Preconditions on uid and resourceVersion are 409 when they do not hold."""
+    store = apiserver.store
+    bound_pod(store, "running")
+    store.create("pods", pod("pending"), namespace="spark")
+    stale = store.get("pods", "spark", "running")["metadata"]["resourceVersion"]
+    store.patch(
+        "pods", "spark", "running", {"metadata": {"labels": {"x": "1"}}}, "application/merge-patch+json"
+    )
+    with pytest.raises(Api) as e:
+        core.delete_namespaced_pod("running", "spark", body={"preconditions": {"resourceVersion": stale}})
+    assert e.value.status == 409 and "Precondition failed" in status_of(e.value)["message"]
+    core.delete_namespaced_pod("running", "spark", grace_period_seconds=30)
+    marked = core.read_namespaced_pod("running", "spark").metadata
+    assert marked.deletion_timestamp and marked.deletion_grace_period_seconds == 30
+    core.delete_namespaced_pod("running", "spark", grace_period_seconds=0)
+    core.delete_namespaced_pod("pending", "spark")
+    assert core.list_namespaced_pod("spark").items == []
+    for i in range(3):
+        store.create(
+            "configmaps", {"metadata": {"name": f"c{i}", "labels": {"n": str(i)}}}, namespace="spark"
+        )
+    core.delete_collection_namespaced_config_map("spark", label_selector="n in (0,2)")
+    assert [c.metadata.name for c in core.list_namespaced_config_map("spark").items] == ["c1"]
+
+
+def test_watch_over_http_with_selector_transitions_and_the_initial_state(
+    core: client.CoreV1Api, apiserver: Served
+) -> None:
+    """A watch without a resourceVersion starts with ADDED for what exists; an object that stops matching
+    the selector is DELETED for this watcher, as the watch cache does."""
+    store = apiserver.store
+    store.create("configmaps", {"metadata": {"name": "a", "labels": {"w": "1"}}}, namespace="spark")
+    seen: list[tuple[str, str]] = []
+    started = threading.Event()
+
+    def consume() -> None:
+        w = watch.Watch()
+        for event in w.stream(
+            core.list_namespaced_config_map, "spark", label_selector="w=1", timeout_seconds=20
+        ):
+            seen.append((event["type"], event["object"].metadata.name))
+            started.set()
+            if len(seen) == 3:
+                w.stop()
+
+    t = threading.Thread(target=consume)
+    t.start()
+    assert started.wait(20)
+    store.create("configmaps", {"metadata": {"name": "b", "labels": {"w": "1"}}}, namespace="spark")
+    store.patch(
+        "configmaps", "spark", "a", {"metadata": {"labels": {"w": "0"}}}, "application/merge-patch+json"
+    )
+    t.join(30)
+    assert seen == [("ADDED", "a"), ("ADDED", "b"), ("DELETED", "a")]
+
+
+def test_faults_per_verb_resource_and_namespace_and_dropped_watches(
+    core: client.CoreV1Api, apiserver: Served
+) -> None:
+    faults, log = apiserver.server.faults, apiserver.server.log
+    faults.fail("list", "pods", 500, count=2, namespace="spark")
+    for _ in range(2):
+        with pytest.raises(Api) as e:
+            core.list_namespaced_pod("spark")
+        assert e.value.status == 500 and status_of(e.value)["reason"] == "InternalError"
+    core.list_namespaced_pod("default")
+    core.list_namespaced_pod("spark")
+    faults.fail("create", "pods/binding", 409)
+    apiserver.store.create("pods", pod("p"), namespace="spark")
+    body = {"metadata": {"name": "p"}, "target": {"kind": "Node", "name": "n"}}
+    with pytest.raises(Api) as e:
+        core.create_namespaced_pod_binding("p", "spark", body, _preload_content=False)
+    assert e.value.status == 409
+    core.create_namespaced_pod_binding("p", "spark", body, _preload_content=False)
+    binding = [e for e in log.entries() if e.resource == "pods/binding"]
+    assert [(e.verb, e.subresource, e.name, e.code) for e in binding] == [
+        ("create", "binding", "p", 409),
+        ("create", "binding", "p", 201),
+    ]
+    assert [e.code for e in log.entries() if e.verb == "list"] == [500, 500, 200, 200]
+
+    opened = threading.Event()
+    ended = threading.Event()
+
+    def hold() -> None:
+        response = raw(
+            apiserver, "GET", "/api/v1/namespaces/spark/pods?watch=true&resourceVersion=0", stream=True
+        )
+        opened.set()
+        for _ in response.iter_lines():
+            pass
+        ended.set()
+
+    threading.Thread(target=hold, daemon=True).start()
+    assert opened.wait(20)
+    apiserver.server.faults.drop_watches("configmaps")
+    assert not ended.is_set()
+    assert apiserver.server.faults.drop_watches("pods") == 1
+    assert ended.wait(20), "the dropped stream ends for the client"
+
+
+def test_users_are_told_apart_in_the_request_log(apiserver: Served) -> None:
+    apiserver.server.add_user("driver-token", UserInfo("system:serviceaccount:spark:driver"))
+    answer = raw(
+        apiserver,
+        "GET",
+        "/api/v1/namespaces/spark/configmaps?limit=1",
+        headers={"Authorization": "Bearer driver-token"},
+    )
+    assert answer.status_code == 200 and answer.json()["kind"] == "ConfigMapList"
+    last = apiserver.server.log.entries()[-1]
+    assert (last.user, last.verb, last.resource, last.namespace, last.query) == (
+        "system:serviceaccount:spark:driver",
+        "list",
+        "configmaps",
+        "spark",
+        "limit=1",
+    )
+    assert apiserver.server.log.count(user="system:serviceaccount:spark:driver") == 1
