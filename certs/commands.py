@@ -131,6 +131,9 @@ def _sync(args: argparse.Namespace) -> int:
             for name in result.missing:
                 print(f"warning: {name} not found", file=sys.stderr)
             return 0
+        from .sync import CertsMetrics
+
+        metrics = CertsMetrics()
         if args.metrics_port:
             from prometheus_client import start_http_server
 
@@ -145,6 +148,7 @@ def _sync(args: argparse.Namespace) -> int:
             interval=args.interval,
             stop=stop,
             clock=lambda: dt.datetime.now(dt.UTC),
+            metrics=metrics,
         )
         return 0
     finally:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 from sparkgate.kube import Conflict, Kube, KubeError, NotFound
 
@@ -45,15 +45,29 @@ log = logging.getLogger(__name__)
 ADMISSION_API = "/apis/admissionregistration.k8s.io/v1"
 KINDS = {"mutating": "mutatingwebhookconfigurations", "validating": "validatingwebhookconfigurations"}
 
-CA_EXPIRY = Gauge(
-    "sparkgate_certs_ca_expiry_timestamp_seconds", "When the CA signing the serving certificate expires"
-)
-SERVING_EXPIRY = Gauge(
-    "sparkgate_certs_serving_expiry_timestamp_seconds",
-    "When the serving certificate in the Secret expires",
-)
-SYNCS = Counter("sparkgate_certs_syncs", "certs sync cycles by result", ["result"])
-STEPS = Counter("sparkgate_certs_steps", "Certificate steps carried out, by step", ["step"])
+
+class CertsMetrics:
+    """The certificate metrics, in the registry of the process that runs the sync (the allocator has its
+    own; `certs sync --loop --metrics-port` uses the default one)."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.ca_expiry = Gauge(
+            "sparkgate_certs_ca_expiry_timestamp_seconds",
+            "When the CA signing the serving certificate expires",
+            registry=registry,
+        )
+        self.serving_expiry = Gauge(
+            "sparkgate_certs_serving_expiry_timestamp_seconds",
+            "When the serving certificate in the Secret expires",
+            registry=registry,
+        )
+        self.syncs = Counter(
+            "sparkgate_certs_syncs", "certs sync cycles by result", ["result"], registry=registry
+        )
+        self.steps = Counter(
+            "sparkgate_certs_steps", "Certificate steps carried out, by step", ["step"], registry=registry
+        )
+
 
 Obj = dict[str, Any]
 
@@ -147,7 +161,9 @@ def _inject(kube: Kube, kind: str, name: str, config: Obj, bundle: bytes) -> Non
             config = kube.get(_config_path(kind, name))
 
 
-def sync_once(kube: Kube, target: Target, now: dt.datetime) -> SyncResult:
+def sync_once(
+    kube: Kube, target: Target, now: dt.datetime, metrics: CertsMetrics | None = None
+) -> SyncResult:
     """One cycle: plan, write the Secret if needed, inject caBundles. Raises KubeError on failures that
     retries did not absorb (a Conflict on the Secret means another replica wrote it: the next cycle
     re-plans from what it wrote)."""
@@ -163,7 +179,8 @@ def sync_once(kube: Kube, target: Target, now: dt.datetime) -> SyncResult:
         data = advance(data, steps, names, now, target.lifetimes)
         _write_secret(kube, target, secret, data)
         for step in steps:
-            STEPS.labels(step.value).inc()
+            if metrics is not None:
+                metrics.steps.labels(step.value).inc()
         log.info("certificate steps done: %s", ", ".join(s.value for s in steps))
     assert data is not None
     bundle = trust_bundle(data)
@@ -171,20 +188,25 @@ def sync_once(kube: Kube, target: Target, now: dt.datetime) -> SyncResult:
     for kind, name in sorted({(ref.kind, ref.configuration) for ref in injected}):
         _inject(kube, kind, name, configs[(kind, name)], bundle)
         log.info("caBundle injected into %s/%s", KINDS[kind], name)
-    CA_EXPIRY.set(load_certs(data[CA_CRT])[0].not_valid_after_utc.timestamp())
-    SERVING_EXPIRY.set(load_certs(data[TLS_CRT])[0].not_valid_after_utc.timestamp())
+    if metrics is not None:
+        metrics.ca_expiry.set(load_certs(data[CA_CRT])[0].not_valid_after_utc.timestamp())
+        metrics.serving_expiry.set(load_certs(data[TLS_CRT])[0].not_valid_after_utc.timestamp())
     return SyncResult(steps, injected, tuple(missing))
 
 
-def sync_guarded(kube: Kube, target: Target, now: dt.datetime) -> SyncResult | None:
+def sync_guarded(
+    kube: Kube, target: Target, now: dt.datetime, metrics: CertsMetrics | None = None
+) -> SyncResult | None:
     """sync_once for loops: failures are logged and counted, never raised."""
     try:
-        result = sync_once(kube, target, now)
+        result = sync_once(kube, target, now, metrics)
     except KubeError as e:
-        SYNCS.labels("error").inc()
+        if metrics is not None:
+            metrics.syncs.labels("error").inc()
         log.warning("certs sync failed (retried next cycle): %s", e)
         return None
-    SYNCS.labels("ok").inc()
+    if metrics is not None:
+        metrics.syncs.labels("ok").inc()
     for name in result.missing:
         log.warning("webhook configuration %s not found: nothing to inject there", name)
     return result
@@ -198,13 +220,15 @@ def run_loop(
     interval: float,
     stop: threading.Event,
     clock: Callable[[], dt.datetime],
+    metrics: CertsMetrics | None = None,
 ) -> None:
-    """Sync every `interval` seconds while holding the certs Lease, until `stop` is set."""
+    """Sync every `interval` seconds while holding the certs Lease, until `stop` is set. Meant for a
+    thread of a long-running process (the allocator) or `sparkgate certs sync --loop`."""
     elector = LeaseElector(kube, target.namespace, "sparkgate-certs", identity, duration=3 * interval)
     try:
         while not stop.is_set():
             if elector.try_hold(clock()):
-                sync_guarded(kube, target, clock())
+                sync_guarded(kube, target, clock(), metrics)
             stop.wait(interval)
     finally:
         elector.release()

@@ -6,17 +6,19 @@ from __future__ import annotations
 import base64
 import copy
 import datetime as dt
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cryptography import x509
+from prometheus_client import CollectorRegistry
 
 from certs.lease import LeaseElector, may_take
 from certs.pki import make_ca
 from certs.plan import CA_CRT, NEXT_CRT, PREVIOUS_CRT, TLS_CRT, Lifetimes, Step, load_certs
-from certs.sync import Target, sync_once
+from certs.sync import CertsMetrics, Target, run_loop, sync_guarded, sync_once
 from kubesim.cluster import Cluster
 from sparkgate.cli import main
 from sparkgate.kube import Kube
@@ -186,3 +188,55 @@ def test_cli_sync_once_and_generate(
         "hook.ns.svc.cluster.local",
     ]
     assert main(["certs", "generate", "--out", str(out)]) == 1  # no silent overwrite
+
+
+def test_metrics_report_the_expiry_in_the_given_registry(cluster: Cluster, kube: Kube) -> None:
+    registry = CollectorRegistry()
+    metrics = CertsMetrics(registry)
+    sync_once(kube, Target(), T0, metrics)
+    data = secret_data(cluster)
+    ca_end = load_certs(data[CA_CRT])[0].not_valid_after_utc.timestamp()
+    serving_end = load_certs(data[TLS_CRT])[0].not_valid_after_utc.timestamp()
+    assert registry.get_sample_value("sparkgate_certs_ca_expiry_timestamp_seconds") == ca_end
+    assert registry.get_sample_value("sparkgate_certs_serving_expiry_timestamp_seconds") == serving_end
+    assert registry.get_sample_value("sparkgate_certs_steps_total", {"step": "create"}) == 1
+
+
+def test_loop_syncs_while_holding_the_lease_and_releases_it(cluster: Cluster, kube: Kube) -> None:
+    registry = CollectorRegistry()
+    stop = threading.Event()
+    loop = threading.Thread(
+        target=run_loop,
+        args=(kube, Target()),
+        kwargs={
+            "identity": "pod-a",
+            "interval": 3600.0,
+            "stop": stop,
+            "clock": lambda: dt.datetime.now(dt.UTC),
+            "metrics": CertsMetrics(registry),
+        },
+    )
+    loop.start()
+
+    def injected() -> bool:
+        config = cluster.store.get("validatingwebhookconfigurations", None, "sparkgate")
+        return all(w["clientConfig"].get("caBundle") for w in config["webhooks"])
+
+    try:
+        cluster.wait_for(injected, timeout=30, what="caBundle injected by the loop")
+        lease = cluster.store.get("leases", "sparkgate-system", "sparkgate-certs")
+        assert lease["spec"]["holderIdentity"] == "pod-a"
+    finally:
+        stop.set()
+        loop.join(timeout=30)
+    assert not loop.is_alive()
+    assert cluster.store.get("leases", "sparkgate-system", "sparkgate-certs")["spec"]["holderIdentity"] == ""
+    assert registry.get_sample_value("sparkgate_certs_syncs_total", {"result": "ok"}) == 1
+
+
+def test_a_failing_cycle_is_counted_not_raised(cluster: Cluster, kube: Kube) -> None:
+    registry = CollectorRegistry()
+    cluster.faults.fail("get", "secrets", 403, count=1)
+    assert sync_guarded(kube, Target(), T0, CertsMetrics(registry)) is None
+    assert registry.get_sample_value("sparkgate_certs_syncs_total", {"result": "error"}) == 1
+    assert sync_guarded(kube, Target(), T0, CertsMetrics(CollectorRegistry())) is not None
