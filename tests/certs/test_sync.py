@@ -240,3 +240,15 @@ def test_a_failing_cycle_is_counted_not_raised(cluster: Cluster, kube: Kube) -> 
     assert sync_guarded(kube, Target(), T0, CertsMetrics(registry)) is None
     assert registry.get_sample_value("sparkgate_certs_syncs_total", {"result": "error"}) == 1
     assert sync_guarded(kube, Target(), T0, CertsMetrics(CollectorRegistry())) is not None
+
+
+def test_a_ca_bundle_holding_only_an_expired_ca_is_repaired(cluster: Cluster, kube: Kube) -> None:
+    sync_once(kube, Target(), T0)
+    expired = make_ca("sparkgate-webhook-ca old", T0 - dt.timedelta(days=400), dt.timedelta(days=365))
+    config = copy.deepcopy(cluster.store.get("mutatingwebhookconfigurations", None, "sparkgate"))
+    for webhook in config["webhooks"]:
+        webhook["clientConfig"]["caBundle"] = base64.b64encode(expired.cert_pem).decode()
+    cluster.store.replace("mutatingwebhookconfigurations", None, "sparkgate", config)
+    result = sync_once(kube, Target(), T0 + dt.timedelta(minutes=1))
+    assert [r.kind for r in result.injected] == ["mutating", "mutating"]
+    assert bundles(cluster) == [secret_data(cluster)[CA_CRT]] * 4
