@@ -11,7 +11,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-COMMAND_MODULES = ("sparkgate.policy_commands", "webhook.commands", "certs.commands")
+COMMAND_MODULES = ("sparkgate.policy_commands", "webhook.commands", "certs.commands", "allocator.commands")
 
 
 def build_parser() -> argparse.ArgumentParser:

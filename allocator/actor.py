@@ -1,0 +1,178 @@
+"""Carrying out the allocator's decisions: every write sparkgate makes to the cluster goes through here.
+
+- Release: one JSON Patch that `test`s the gate's entry, then removes it (other gates left alone). A 409 or
+  422 (the pod changed: the test failed) or a 404 means the cache was stale: the app is re-decided from a
+  fresher cache, never blindly retried.
+- Config maps: an immutable copy of the profile's source ConfigMap in the app's namespace, labelled as
+  the app's and owned by its driver pod; a copy that already exists is fine. When a copy cannot be made,
+  the app's releases in the same decision are dropped (its pods would not start).
+- Deletions with a uid precondition, so a pod that was replaced is never deleted by mistake.
+- Kubernetes Events, rate-limited per key so a thousand-pod app does not flood the API server.
+Transient API errors are retried with backoff inside sparkgate/kube.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sparkgate import contract
+from sparkgate.contract import AppKey
+from sparkgate.kube import Conflict, Invalid, Kube, KubeError, NotFound
+
+from .model import Action, CreateConfigMap, DeleteConfigMap, DeletePod, Event, Release
+
+log = logging.getLogger(__name__)
+
+
+def _now_rfc3339(at: float) -> str:
+    return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Actor:
+    def __init__(
+        self,
+        kube: Kube,
+        install_namespace: str,
+        *,
+        identity: str = "sparkgate-allocator",
+        event_interval: float = 60.0,
+        clock: Callable[[], float] = time.time,
+        on_release: Callable[[Release, float], None] | None = None,
+        on_delete: Callable[[DeletePod], None] | None = None,
+    ) -> None:
+        self.kube = kube
+        self.install_namespace = install_namespace
+        self.identity = identity
+        self.event_interval = event_interval
+        self.clock = clock
+        self.on_release = on_release
+        self.on_delete = on_delete
+        self._last_event: dict[str, float] = {}
+
+    def execute(self, actions: Iterable[Action]) -> set[AppKey]:
+        """Carry out `actions` in order; returns the apps to re-decide (their state was stale)."""
+        stale: set[AppKey] = set()
+        blocked: set[AppKey] = set()
+        for action in actions:
+            if isinstance(action, Release) and (action.app in blocked or action.app in stale):
+                continue
+            try:
+                self._one(action)
+            except (Conflict, Invalid, NotFound) as e:
+                log.info(
+                    "%s for %s was stale (%s); re-deciding",
+                    type(action).__name__,
+                    action.app,
+                    e.reason or e.status,
+                )
+                stale.add(action.app)
+                if isinstance(action, CreateConfigMap):
+                    blocked.add(action.app)
+            except KubeError as e:
+                log.warning("%s for %s failed: %s", type(action).__name__, action.app, e)
+                stale.add(action.app)
+                if isinstance(action, CreateConfigMap):
+                    blocked.add(action.app)
+        return stale
+
+    def _one(self, action: Action) -> None:
+        if isinstance(action, Release):
+            self.release(action)
+        elif isinstance(action, CreateConfigMap):
+            self.create_config_map(action)
+        elif isinstance(action, DeletePod):
+            self.kube.delete(
+                f"/api/v1/namespaces/{action.app.namespace}/pods/{action.pod.name}",
+                preconditions={"uid": action.pod.uid},
+            )
+            if self.on_delete is not None:
+                self.on_delete(action)
+        elif isinstance(action, DeleteConfigMap):
+            with contextlib.suppress(NotFound):
+                self.kube.delete(f"/api/v1/namespaces/{action.app.namespace}/configmaps/{action.name}")
+        elif isinstance(action, Event):
+            self.event(action)
+
+    def release(self, action: Release) -> None:
+        pod = action.pod
+        if pod.gate_index is None:
+            raise NotFound(404, "NotGated", f"pod {pod.name} carries no sparkgate gate")
+        pointer = f"/spec/schedulingGates/{pod.gate_index}"
+        patch = [
+            {"op": "test", "path": pointer, "value": {"name": contract.GATE}},
+            {"op": "remove", "path": pointer},
+        ]
+        self.kube.patch(
+            f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}", patch, "application/json-patch+json"
+        )
+        if self.on_release is not None:
+            self.on_release(action, self.clock())
+
+    def create_config_map(self, action: CreateConfigMap) -> None:
+        source = self.kube.get(f"/api/v1/namespaces/{self.install_namespace}/configmaps/{action.source}")
+        meta: dict[str, Any] = {
+            "name": action.name,
+            "namespace": action.app.namespace,
+            "labels": {
+                contract.LABEL_APP_ID: action.app.app_id,
+                contract.LABEL_ROLE: contract.ROLE_EXECUTOR,
+                contract.LABEL_MANAGED_BY: contract.MANAGED_BY,
+            },
+            "annotations": {"sparkgate.io/source": f"{self.install_namespace}/{action.source}"},
+        }
+        if action.owner is not None:
+            meta["ownerReferences"] = [
+                {"apiVersion": "v1", "kind": "Pod", "name": action.owner.name, "uid": action.owner.uid}
+            ]
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "immutable": True}
+        for key in ("data", "binaryData"):
+            if source.get(key):
+                body[key] = source[key]
+        try:
+            self.kube.create(f"/api/v1/namespaces/{action.app.namespace}/configmaps", body)
+        except Conflict as e:
+            if e.reason != "AlreadyExists":
+                raise
+
+    def event(self, action: Event) -> None:
+        now = self.clock()
+        last = self._last_event.get(action.key)
+        if last is not None and now - last < self.event_interval:
+            return
+        self._last_event[action.key] = now
+        if len(self._last_event) > 50_000:  # forget the oldest half; keys of finished apps never return
+            for key, _ in sorted(self._last_event.items(), key=lambda kv: kv[1])[:25_000]:
+                del self._last_event[key]
+        stamp = _now_rfc3339(now)
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{action.pod}.", "namespace": action.app.namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": action.pod,
+                "namespace": action.app.namespace,
+                "uid": action.pod_uid,
+            },
+            "reason": action.reason,
+            "message": action.message,
+            "type": action.type,
+            "source": {"component": "sparkgate-allocator"},
+            "reportingComponent": "sparkgate.io/allocator",
+            "reportingInstance": self.identity,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            self.kube.request(
+                "POST", f"/api/v1/namespaces/{action.app.namespace}/events", body=body, retry=False
+            )
+        except KubeError as e:
+            log.debug("event %s not recorded: %s", action.reason, e)

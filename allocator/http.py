@@ -1,0 +1,99 @@
+"""The allocator's HTTP endpoints: /healthz, /readyz (cache synced), /metrics, /apps, /apps/<ns>/<app id>.
+
+A small threaded stdlib server: a handful of requests per scrape, no need for gunicorn in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from .loop import Controller
+
+
+class StatusServer:
+    def __init__(
+        self,
+        controller: Controller,
+        host: str,
+        port: int,
+        *,
+        stall_after: float = 60.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.controller = controller
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+            def do_GET(self) -> None:
+                server.handle(self)
+
+        self.stall_after = stall_after
+        self.monotonic = monotonic
+        self._http = ThreadingHTTPServer((host, port), Handler)
+        self._http.daemon_threads = True
+        self.port = self._http.server_address[1]
+        self._thread = threading.Thread(target=self._http.serve_forever, name="allocator-http", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+
+    def handle(self, request: BaseHTTPRequestHandler) -> None:
+        path = urllib.parse.urlsplit(request.path).path.rstrip("/") or "/"
+        c = self.controller
+        if path == "/healthz":
+            stalled = self.monotonic() - c.last_loop > self.stall_after and not c.stop_event.is_set()
+            _send(
+                request,
+                503 if stalled or c.lost_lease.is_set() else 200,
+                "text/plain",
+                b"stalled\n" if stalled else b"ok\n",
+            )
+        elif path == "/readyz":
+            ready = c.cache.is_synced and c.policy.current() is not None
+            _send(
+                request,
+                200 if ready else 503,
+                "text/plain",
+                b"ok\n" if ready else b"cache not synced or no policy\n",
+            )
+        elif path == "/metrics":
+            _send(request, 200, CONTENT_TYPE_LATEST, generate_latest(c.metrics.registry))
+        elif path == "/apps":
+            _send(request, 200, "application/json", json.dumps(c.apps()).encode())
+        elif path.startswith("/apps/") and path.count("/") == 3:
+            _, _, namespace, app_id = path.split("/")
+            document = c.app(urllib.parse.unquote(namespace), urllib.parse.unquote(app_id))
+            if document is None:
+                _send(
+                    request,
+                    404,
+                    "application/json",
+                    json.dumps({"error": f"no app {namespace}/{app_id}"}).encode(),
+                )
+            else:
+                _send(request, 200, "application/json", json.dumps(document).encode())
+        else:
+            _send(request, 404, "text/plain", b"not found: try /apps, /metrics, /healthz, /readyz\n")
+
+
+def _send(request: BaseHTTPRequestHandler, code: int, content_type: str, body: bytes) -> None:
+    request.send_response(code)
+    request.send_header("Content-Type", content_type)
+    request.send_header("Content-Length", str(len(body)))
+    request.end_headers()
+    request.wfile.write(body)

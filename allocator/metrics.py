@@ -1,0 +1,130 @@
+"""The allocator's Prometheus metrics (one process, its own registry, served on its /metrics).
+
+Per-app series (executors by state) are removed when the app ends, so a long-running cluster does not
+accumulate dead series.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from sparkgate.contract import AppKey
+
+WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+FAST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class AllocatorMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.executors = Gauge(
+            "sparkgate_allocator_executors",
+            "Executor pods by app and state (gated, in_flight, running, other).",
+            ["namespace", "app", "state"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "sparkgate_allocator_in_flight",
+            "Executor pods in flight by namespace.",
+            ["namespace"],
+            registry=r,
+        )
+        self.limit = Gauge(
+            "sparkgate_allocator_limit",
+            "Limits in force by scope (namespace and cluster budgets).",
+            ["scope"],
+            registry=r,
+        )
+        self.releases = Counter(
+            "sparkgate_allocator_releases",
+            "Executor pods released to the scheduler.",
+            ["namespace"],
+            registry=r,
+        )
+        self.gate_wait = Histogram(
+            "sparkgate_allocator_gate_wait_seconds",
+            "Time from a pod's creation to its release.",
+            ["namespace"],
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
+        self.release_to_bind = Histogram(
+            "sparkgate_allocator_release_to_bind_seconds",
+            "Time from a pod's release to its binding to a node.",
+            ["namespace"],
+            buckets=FAST_BUCKETS,
+            registry=r,
+        )
+        self.limit_hits = Counter(
+            "sparkgate_allocator_limit_hits",
+            "Decisions where a limit bound the release, by scope.",
+            ["scope"],
+            registry=r,
+        )
+        self.deletions = Counter(
+            "sparkgate_allocator_deletions",
+            "Executor pods gone, by reason.",
+            ["namespace", "reason"],
+            registry=r,
+        )
+        self.bypassed = Gauge(
+            "sparkgate_allocator_bypassed_pods",
+            "Live executor pods admitted without sparkgate.",
+            ["namespace"],
+            registry=r,
+        )
+        self.missing_sources = Gauge(
+            "sparkgate_allocator_source_configmap_missing",
+            "Apps held because a profile's source ConfigMap is missing.",
+            ["source"],
+            registry=r,
+        )
+        self.api_requests = Counter(
+            "sparkgate_allocator_api_requests",
+            "Kubernetes API requests by verb, resource and HTTP code (0: no answer).",
+            ["verb", "resource", "code"],
+            registry=r,
+        )
+        self.watch_restarts = Counter(
+            "sparkgate_allocator_watch_restarts",
+            "Watch streams restarted, by watch and cause.",
+            ["watch", "cause"],
+            registry=r,
+        )
+        self.leader = Gauge(
+            "sparkgate_allocator_leader", "1 while this allocator holds the lease.", registry=r
+        )
+        self.leader_transitions = Counter(
+            "sparkgate_allocator_leader_transitions", "Times this allocator became the leader.", registry=r
+        )
+        self.decision_seconds = Histogram(
+            "sparkgate_allocator_decision_duration_seconds",
+            "Time spent deciding (pure, no I/O) per decision.",
+            buckets=FAST_BUCKETS,
+            registry=r,
+        )
+        self.apps = Gauge("sparkgate_allocator_apps", "Applications tracked.", registry=r)
+        self.policy_reloads = Counter(
+            "sparkgate_allocator_policy_reloads", "Policy file loads by result.", ["result"], registry=r
+        )
+        self.ready = Gauge(
+            "sparkgate_allocator_cache_synced", "1 once every reflector has listed.", registry=r
+        )
+        self._app_series: set[AppKey] = set()
+
+    def set_app(self, key: AppKey, counts: dict[str, int]) -> None:
+        for state, n in counts.items():
+            self.executors.labels(key.namespace, key.app_id, state).set(n)
+        self._app_series.add(key)
+
+    def forget_apps(self, live: set[AppKey]) -> None:
+        for key in self._app_series - live:
+            for state in ("gated", "in_flight", "running", "other"):
+                with contextlib.suppress(KeyError):
+                    self.executors.remove(key.namespace, key.app_id, state)
+        self._app_series &= live
+
+    def on_reload(self, result: str, error: str | None) -> None:
+        self.policy_reloads.labels(result).inc()
