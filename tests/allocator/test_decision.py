@@ -1,0 +1,285 @@
+"""The allocator's rule as a pure function: table-driven cases with a fake clock, and invariants."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from allocator.decision import decide, in_flight_counts
+from allocator.model import (
+    AppMemory,
+    AppView,
+    CreateConfigMap,
+    DeleteConfigMap,
+    DeletePod,
+    DeletionReason,
+    DriverRecord,
+    Event,
+    PodRecord,
+    Release,
+    Snapshot,
+)
+from sparkgate import contract
+from sparkgate.contract import AppKey
+from sparkgate.policy import Policy, load_policy
+
+
+def policy(
+    batch: int = 10,
+    per_app: int = 20,
+    per_ns: int = 200,
+    cluster: int = 500,
+    delay: float = 1,
+    extra: str = "",
+) -> Policy:
+    return load_policy(
+        f"""
+apiVersion: sparkgate.io/v1alpha1
+kind: Policy
+allocation: {{batchSize: {batch}, batchDelaySeconds: {delay}, maxPendingPerApp: {per_app}, maxPendingPerNamespace: {per_ns}, maxPendingCluster: {cluster}}}
+caps: {{batchSize: 50, maxPendingPerApp: 100}}
+profiles:
+  - name: p
+{extra}
+"""
+    )
+
+
+def pod(
+    app: str,
+    i: int,
+    *,
+    ns: str = "spark",
+    gated: bool = True,
+    node: str | None = None,
+    phase: str = "Pending",
+    deleting: bool = False,
+    profile: str | None = "p",
+    **kw: Any,
+) -> PodRecord:
+    return PodRecord(
+        ns,
+        f"{app}-exec-{i}",
+        f"uid-{ns}-{app}-{i}",
+        app,
+        i,
+        "0",
+        gated,
+        profile,
+        node,
+        phase,
+        deleting,
+        1000.0 + i,
+        gate_index=0 if gated else None,
+        **kw,
+    )
+
+
+def view(
+    app: str,
+    pods: list[PodRecord],
+    *,
+    ns: str = "spark",
+    driver: DriverRecord | None = None,
+    seen: bool = False,
+    config_maps: frozenset[str] = frozenset(),
+) -> AppView:
+    return AppView(AppKey(ns, app), tuple(pods), driver, seen or driver is not None, config_maps)
+
+
+def snap(*views: AppView, sources: frozenset[str] = frozenset()) -> Snapshot:
+    return Snapshot({v.key: v for v in views}, sources)
+
+
+def released(decision: Any) -> list[str]:
+    return [a.pod.name for a in decision.actions if isinstance(a, Release)]
+
+
+def test_batch_size_and_executor_id_order() -> None:
+    pods = [pod("a", i) for i in (12, 3, 7, 1, 2, 4, 5, 6, 8, 9, 10, 11)]
+    d = decide(snap(view("a", pods)), policy(batch=5), 100.0, {})
+    assert released(d) == [f"a-exec-{i}" for i in (1, 2, 3, 4, 5)]
+
+
+def test_in_flight_limit_counts_released_pending_pods_only() -> None:
+    pods = [pod("a", i, gated=False) for i in range(1, 19)]  # 18 in flight
+    pods += [pod("a", i, gated=False, node="n", phase="Running") for i in range(19, 30)]
+    pods += [pod("a", i, gated=False, deleting=True) for i in range(30, 35)]  # deleting: no longer counts
+    pods += [pod("a", i) for i in range(35, 60)]
+    d = decide(snap(view("a", pods)), policy(batch=10, per_app=20), 100.0, {})
+    assert released(d) == ["a-exec-35", "a-exec-36"]
+
+
+def test_previous_batch_must_be_bound_and_batch_delay_passed() -> None:
+    pods = [pod("a", 1, gated=False), pod("a", 2, gated=False, node="n"), pod("a", 3), pod("a", 4)]
+    memory = {
+        AppKey("spark", "a"): AppMemory(last_release_at=100.0, last_batch=frozenset({"a-exec-1", "a-exec-2"}))
+    }
+    d = decide(snap(view("a", pods)), policy(delay=1), 105.0, memory)
+    assert (
+        released(d) == [] and "previous batch not yet bound" in d.settings[AppKey("spark", "a")].waiting_for
+    )
+    pods[0] = replace(pods[0], node="n")
+    assert released(decide(snap(view("a", pods)), policy(delay=1), 100.5, memory)) == []
+    assert released(decide(snap(view("a", pods)), policy(delay=1), 101.0, memory)) == ["a-exec-3", "a-exec-4"]
+    gone = [pods[1], pods[2], pods[3]]  # a pod of the previous batch that is gone no longer blocks
+    assert released(decide(snap(view("a", gone)), policy(delay=1), 101.0, memory)) == ["a-exec-3", "a-exec-4"]
+
+
+def test_namespace_and_cluster_budgets_bind_and_apps_take_turns_oldest_first() -> None:
+    apps = [view(name, [pod(name, i) for i in range(1, 11)]) for name in ("a", "b", "c")]
+    memory = {
+        AppKey("spark", "c"): AppMemory(waiting_since=10.0),
+        AppKey("spark", "a"): AppMemory(waiting_since=20.0),
+    }
+    d = decide(snap(*apps), policy(batch=5, cluster=12), 100.0, memory)
+    assert released(d) == [f"c-exec-{i}" for i in range(1, 6)] + [f"a-exec-{i}" for i in range(1, 6)] + [
+        "b-exec-1",
+        "b-exec-2",
+    ]
+    assert d.limit_hits["cluster"] == 1  # b was cut to 2 by the cluster budget
+    # The next turn: c and a just had a batch, so b (still waiting) goes first.
+    assert d.memory[AppKey("spark", "b")].waiting_since == 100.0
+    assert d.memory[AppKey("spark", "c")].waiting_since == 100.0
+
+
+def test_budget_never_negative_with_bypassed_pods_and_bypass_is_reported() -> None:
+    bypassed = [pod("x", i, gated=False, profile=None) for i in range(1, 9)]
+    waiting = [pod("a", i) for i in range(1, 5)]
+    d = decide(snap(view("x", bypassed), view("a", waiting)), policy(per_ns=5), 100.0, {})
+    assert released(d) == []
+    assert "namespace spark has 8/5" in d.settings[AppKey("spark", "a")].waiting_for
+    warnings = [a for a in d.actions if isinstance(a, Event) and a.reason == "BypassedWebhook"]
+    assert len(warnings) == 8 and len({w.key for w in warnings}) == 8
+
+
+def test_same_app_id_in_two_namespaces_are_two_apps() -> None:
+    a1 = view("a", [pod("a", i, ns="ns1") for i in range(1, 4)], ns="ns1")
+    a2 = view("a", [pod("a", i, ns="ns2", gated=False) for i in range(1, 4)], ns="ns2")
+    d = decide(snap(a1, a2), policy(per_app=3), 100.0, {})
+    assert len(released(d)) == 3 and all(
+        a.app.namespace == "ns1" for a in d.actions if isinstance(a, Release)
+    )
+
+
+def test_annotations_lower_limits_clamped_and_malformed_ones_warned() -> None:
+    pods = [pod("a", i, batch_size="2") for i in range(1, 10)]
+    assert len(released(decide(snap(view("a", pods)), policy(batch=10), 100.0, {}))) == 2
+    pods = [pod("a", i, max_pending="1000", batch_size="abc") for i in range(1, 200)]
+    d = decide(
+        snap(view("a", pods)),
+        policy(batch=50, per_app=20, extra="    allocation: {batchSize: 50}"),
+        100.0,
+        {},
+    )
+    assert len(released(d)) == 50, "max-pending 1000 clamped to the cap (100); batch from the profile"
+    assert any(
+        isinstance(a, Event) and a.reason == "InvalidAnnotation" and "abc" in a.message for a in d.actions
+    )
+
+
+def test_deleted_executor_ids_are_never_released_again() -> None:
+    pods = [pod("a", 1), pod("a", 2)]
+    memory = {AppKey("spark", "a"): AppMemory(deleted_exec_ids={1})}
+    d = decide(snap(view("a", pods)), policy(), 100.0, memory)
+    assert released(d) == ["a-exec-2"]
+    assert [(a.pod.name, a.reason) for a in d.actions if isinstance(a, DeletePod)] == [
+        ("a-exec-1", DeletionReason.ID_REUSE)
+    ]
+
+
+def test_finished_driver_deletes_gated_pods_and_config_maps() -> None:
+    driver = DriverRecord("spark", "a-driver", "d1", "a", "Succeeded", False)
+    pods = [pod("a", 1), pod("a", 2, gated=False, node="n", phase="Running")]
+    d = decide(snap(view("a", pods, driver=driver, config_maps=frozenset({"sg-a-x"}))), policy(), 100.0, {})
+    assert [a.pod.name for a in d.actions if isinstance(a, DeletePod)] == ["a-exec-1"]
+    assert [a.name for a in d.actions if isinstance(a, DeleteConfigMap)] == ["sg-a-x"]
+    assert d.memory[AppKey("spark", "a")].finished
+    gone = decide(snap(view("a", [pod("a", 1)], seen=True)), policy(), 100.0, {})
+    assert [a.reason for a in gone.actions if isinstance(a, DeletePod)] == [DeletionReason.APP_FINISHED]
+
+
+def test_config_maps_are_created_before_the_first_release_and_a_missing_source_holds_the_app() -> None:
+    pol = policy(extra="    configMaps: [{source: log4j, mountPath: /etc/log4j}]")
+    driver = DriverRecord("spark", "a-driver", "d1", "a", "Running", False)
+    app = view("a", [pod("a", 1), pod("a", 2)], driver=driver)
+    held = decide(snap(app), pol, 100.0, {})
+    assert released(held) == []
+    assert any(isinstance(a, Event) and a.reason == "SourceConfigMapMissing" for a in held.actions)
+    d = decide(snap(app, sources=frozenset({"log4j"})), pol, 100.0, {})
+    first = d.actions[0]
+    assert (
+        isinstance(first, CreateConfigMap)
+        and first.name == contract.app_configmap_name("a", "log4j")
+        and first.owner == driver
+    )
+    assert released(d) == ["a-exec-1", "a-exec-2"]
+    existing = view(
+        "a", [pod("a", 3)], driver=driver, config_maps=frozenset({contract.app_configmap_name("a", "log4j")})
+    )
+    assert not any(
+        isinstance(a, CreateConfigMap)
+        for a in decide(snap(existing, sources=frozenset({"log4j"})), pol, 100.0, {}).actions
+    )
+
+
+def test_deciding_for_some_apps_still_counts_every_apps_pods_in_the_budget() -> None:
+    busy = view("busy", [pod("busy", i, gated=False) for i in range(1, 11)])
+    waiting = view("w", [pod("w", i) for i in range(1, 11)])
+    d = decide(snap(busy, waiting), policy(per_ns=12), 100.0, {}, apps=[AppKey("spark", "w")])
+    assert released(d) == ["w-exec-1", "w-exec-2"] and set(d.memory) == {AppKey("spark", "w")}
+
+
+@st.composite
+def snapshots(draw: st.DrawFn) -> tuple[Snapshot, dict[AppKey, AppMemory]]:
+    views, memory = [], {}
+    for a in range(draw(st.integers(1, 5))):
+        ns = draw(st.sampled_from(["n1", "n2"]))
+        pods = []
+        for i in range(1, draw(st.integers(0, 30)) + 1):
+            state = draw(st.sampled_from(["gated", "inflight", "running", "deleting", "bypassed"]))
+            pods.append(
+                pod(
+                    f"a{a}",
+                    i,
+                    ns=ns,
+                    gated=state == "gated",
+                    node="n" if state == "running" else None,
+                    phase="Running" if state == "running" else "Pending",
+                    deleting=state == "deleting",
+                    profile=None if state == "bypassed" else "p",
+                    batch_size=draw(st.sampled_from([None, "1", "3", "999", "x"])),
+                )
+            )
+        views.append(view(f"a{a}", pods, ns=ns))
+        memory[AppKey(ns, f"a{a}")] = AppMemory(waiting_since=draw(st.sampled_from([None, 1.0, 50.0])))
+    return snap(*views), memory
+
+
+@settings(max_examples=120, deadline=None)
+@given(snapshots(), st.integers(1, 15), st.integers(1, 25), st.integers(1, 40), st.integers(1, 60))
+def test_releases_never_exceed_any_limit(
+    state: tuple[Snapshot, dict[AppKey, AppMemory]], batch: int, per_app: int, per_ns: int, cluster: int
+) -> None:
+    snapshot, memory = state
+    pol = policy(batch=batch, per_app=per_app, per_ns=per_ns, cluster=cluster)
+    d = decide(snapshot, pol, 100.0, memory)
+    per_namespace_before, total_before = in_flight_counts(snapshot)
+    by_app: dict[AppKey, int] = {}
+    by_ns: dict[str, int] = {}
+    for action in d.actions:
+        if isinstance(action, Release):
+            assert action.pod.gated and not action.pod.deleting
+            by_app[action.app] = by_app.get(action.app, 0) + 1
+            by_ns[action.app.namespace] = by_ns.get(action.app.namespace, 0) + 1
+    for key, n in by_app.items():
+        in_flight = sum(1 for p in snapshot.apps[key].pods if p.in_flight)
+        allocation = d.settings[key].allocation  # the policy's, moved by annotations within the caps
+        assert n <= allocation.batch_size <= 50
+        assert in_flight + n <= max(allocation.max_pending_per_app, in_flight)
+    for ns, n in by_ns.items():
+        assert per_namespace_before[ns] + n <= max(per_ns, per_namespace_before[ns])
+    assert total_before + sum(by_ns.values()) <= max(cluster, total_before)
