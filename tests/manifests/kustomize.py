@@ -4,6 +4,9 @@ Supported: resources (files and directories holding a kustomization.yaml), names
 only, as `includeSelectors: false`), images (newName/newTag), configMapGenerator (files, with
 disableNameSuffixHash: true) and patches (strategic merge from a file, or JSON 6902 with a target).
 Anything else in a kustomization is an error here, so the manifests cannot drift beyond what is tested.
+Two loader rules of kustomize are enforced too: a file must lie within its kustomization's directory, and a
+kustomization may not use a directory that contains it ("cycle detected": the base of an overlay cannot
+be an ancestor of the overlay).
 """
 
 from __future__ import annotations
@@ -48,8 +51,20 @@ def load_documents(path: Path) -> list[Obj]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
-def build(directory: Path) -> list[Obj]:
+def _within(directory: Path, name: str) -> Path:
+    path = (directory / name).resolve()
+    if not path.is_relative_to(directory.resolve()):
+        raise KustomizeError(f"{directory}: {name} is not in or below the kustomization's directory")
+    return path
+
+
+def build(directory: Path, visited: tuple[Path, ...] = ()) -> list[Obj]:
     """The rendered objects of the kustomization in `directory`, in resource order."""
+    directory = directory.resolve()
+    for root in visited:
+        if root.is_relative_to(directory):
+            raise KustomizeError(f"cycle detected: candidate root {directory} contains visited root {root}")
+    visited = (*visited, directory)
     kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
     unknown = set(kustomization) - SUPPORTED
     if unknown:
@@ -57,7 +72,7 @@ def build(directory: Path) -> list[Obj]:
     objects: list[Obj] = []
     for entry in kustomization.get("resources") or []:
         target = (directory / entry).resolve()
-        objects += build(target) if target.is_dir() else load_documents(target)
+        objects += build(target, visited) if target.is_dir() else load_documents(_within(directory, entry))
     for generator in kustomization.get("configMapGenerator") or []:
         objects.append(_config_map(directory, generator))
     for patch in kustomization.get("patches") or []:
@@ -79,7 +94,7 @@ def _config_map(directory: Path, generator: Obj) -> Obj:
         raise KustomizeError("configMapGenerator: only disableNameSuffixHash: true is supported")
     if set(generator) - {"name", "files", "options"}:
         raise KustomizeError(f"configMapGenerator: unsupported fields in {generator}")
-    data = {Path(f).name: (directory / f).read_text() for f in generator["files"]}
+    data = {Path(f).name: _within(directory, f).read_text() for f in generator["files"]}
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": generator["name"]}, "data": data}
 
 
@@ -92,7 +107,7 @@ def _matches(obj: Obj, target: Obj) -> bool:
 
 
 def _patch(directory: Path, objects: list[Obj], patch: Obj) -> list[Obj]:
-    body = yaml.safe_load((directory / patch["path"]).read_text())
+    body = yaml.safe_load(_within(directory, patch["path"]).read_text())
     target = patch.get("target")
     if target is None:  # strategic merge, matched by kind and name
         name = body["metadata"]["name"]

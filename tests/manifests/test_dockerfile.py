@@ -35,7 +35,7 @@ def test_multi_stage_slim_non_root() -> None:
         assert tool not in text, tool
     assert any(i.startswith("COPY --from=build ") for i in final)
     user = next(i for i in final if i.startswith("USER ")).split()[1]
-    deployment = yaml.safe_load((REPO / "manifests" / "deployment.yaml").read_text())
+    deployment = yaml.safe_load((REPO / "manifests" / "base" / "deployment.yaml").read_text())
     pod = deployment["spec"]["template"]["spec"]["securityContext"]
     assert user == f"{pod['runAsUser']}:{pod['runAsGroup']}"
 

@@ -72,7 +72,7 @@ def install(kustomize: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> 
     objects = kustomize.by_kind(kustomize.build(REPO / "manifests"))
     workdir = tmp_path_factory.mktemp("install")
     with (
-        LocalWebhook(REPO / "manifests" / "policy.yaml", workdir, workers=2) as webhook,
+        LocalWebhook(REPO / "manifests" / "base" / "policy.yaml", workdir, workers=2) as webhook,
         Cluster(nodes=1, namespaces=("default", "kube-system", "sparkgate-system", "spark-jobs")) as cluster,
     ):
         cluster.register_service("sparkgate-system", "sparkgate-webhook", webhook.url)

@@ -58,7 +58,9 @@ def test_the_validator_refuses_what_kubectl_would(rendered: dict[tuple[str, str]
 
 def test_policy_config_map_is_the_example_and_valid(rendered: dict[tuple[str, str], Obj]) -> None:
     example = (REPO / "sparkgate" / "examples" / "policy.yaml").read_text()
-    assert (MANIFESTS / "policy.yaml").read_text() == example, "copy sparkgate/examples/policy.yaml"
+    assert (MANIFESTS / "base" / "policy.yaml").read_text() == example, (
+        "copy sparkgate/examples/policy.yaml to manifests/base/"
+    )
     text = rendered[("ConfigMap", "sparkgate-policy")]["data"]["policy.yaml"]
     assert "#" in text  # the comments survive: the admin's documentation
     load_policy(text, "sparkgate-system")
@@ -178,3 +180,17 @@ def test_webhook_configurations(rendered: dict[tuple[str, str], Obj]) -> None:
     assert mutating["clientConfig"]["service"]["path"] == "/mutate"
     assert validating["rules"][0]["operations"] == ["UPDATE"]
     assert validating["clientConfig"]["service"]["path"] == "/validate"
+
+
+def test_the_renderer_applies_kustomize_loader_rules(kustomize: ModuleType, tmp_path: Path) -> None:
+    """The mistake kubectl would refuse: an overlay inside the directory of its own base."""
+    (tmp_path / "overlay").mkdir()
+    (tmp_path / "kustomization.yaml").write_text("resources: []\n")
+    (tmp_path / "overlay" / "kustomization.yaml").write_text("resources: [..]\n")
+    with pytest.raises(kustomize.KustomizeError, match="cycle detected"):
+        kustomize.build(tmp_path / "overlay")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "kustomization.yaml").write_text("resources: [../outside.yaml]\n")
+    (tmp_path / "outside.yaml").write_text("kind: ConfigMap\nmetadata: {name: x}\n")
+    with pytest.raises(kustomize.KustomizeError, match="not in or below"):
+        kustomize.build(tmp_path / "other")
