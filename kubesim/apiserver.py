@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import traceback
 import urllib.parse
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -227,6 +228,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(e.code, e.status())
         except ValueError as e:
             self._send(400, bad_request(str(e)).status())
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as e:  # a kubesim bug: answer as kube-apiserver answers a panic, and show it
+            traceback.print_exc()
+            self._send(500, ApiError(500, "InternalError", f"kubesim: {e!r}").status())
         finally:
             record(500)  # an answer that never went out
 
@@ -253,6 +259,19 @@ class _Handler(BaseHTTPRequestHandler):
                         for g, v in groups().items()
                         if g
                     ],
+                },
+            )
+        elif path.startswith("/apis/") and path.count("/") == 2 and path[len("/apis/") :] in groups():
+            group = path[len("/apis/") :]
+            version = {"groupVersion": f"{group}/{groups()[group]}", "version": groups()[group]}
+            self._send(
+                200,
+                {
+                    "kind": "APIGroup",
+                    "apiVersion": "v1",
+                    "name": group,
+                    "versions": [version],
+                    "preferredVersion": version,
                 },
             )
         elif path == "/api/v1" or (path.startswith("/apis/") and path.count("/") == 3):

@@ -50,6 +50,10 @@ def test_discovery_documents_the_client_reads(apiserver: Served) -> None:
     assert core_resources["pods"] and not core_resources["nodes"]
     leases = raw(apiserver, "GET", "/apis/coordination.k8s.io/v1").json()
     assert [r["kind"] for r in leases["resources"]] == ["Lease"]
+    group = raw(apiserver, "GET", "/apis/coordination.k8s.io").json()
+    assert (
+        group["kind"] == "APIGroup" and group["preferredVersion"]["groupVersion"] == "coordination.k8s.io/v1"
+    )
     missing = raw(apiserver, "GET", "/api/v1/namespaces/spark/widgets")
     assert missing.status_code == 404 and missing.json()["reason"] == "NotFound"
 
@@ -144,7 +148,9 @@ def test_a_failed_json_patch_test_is_422_and_changes_nothing(
                 {"op": "test", "path": "/data/a", "value": "1"},
             ],
         )
-    assert e.value.status == 422 and status_of(e.value)["reason"] == "Invalid"
+    status = status_of(e.value)
+    assert e.value.status == 422 and status["reason"] == "Invalid"
+    assert status["message"] == "the server rejected our request due to an error in our request"
     assert apiserver.store.get("configmaps", "spark", "c") == before
 
 
@@ -315,3 +321,56 @@ def test_users_are_told_apart_in_the_request_log(apiserver: Served) -> None:
         "limit=1",
     )
     assert apiserver.server.log.count(user="system:serviceaccount:spark:driver") == 1
+
+
+def test_names_and_labels_are_validated_as_the_real_server_does(core: client.CoreV1Api) -> None:
+    """Object names are DNS-1123 subdomains (namespaces: labels); label keys are qualified names with an
+    optional DNS subdomain prefix, values at most 63 characters
+    (https://kubernetes.io/docs/concepts/overview/working-with-objects/names/ and .../labels/#syntax-and-character-set)."""
+    with pytest.raises(Api) as e:
+        core.create_namespaced_config_map("spark", {"metadata": {"name": "Spark_App"}})
+    assert e.value.status == 422
+    assert status_of(e.value)["message"].startswith(
+        'ConfigMap "Spark_App" is invalid: metadata.name: Invalid value: "Spark_App": a lowercase RFC 1123 subdomain'
+    )
+    with pytest.raises(Api) as e:
+        core.create_namespace({"metadata": {"name": "a.b"}})
+    assert e.value.status == 422 and "RFC 1123 label" in status_of(e.value)["message"]
+    with pytest.raises(Api) as e:
+        core.create_namespaced_config_map("spark", {"metadata": {"name": "c", "labels": {"app": "x" * 64}}})
+    assert e.value.status == 422 and "must be no more than 63 characters" in status_of(e.value)["message"]
+    core.create_namespaced_config_map(
+        "spark",
+        {"metadata": {"name": "spark-0123.conf", "labels": {"sparkgate.io/profile": "Big_1", "e": ""}}},
+    )
+    with pytest.raises(Api) as e:
+        core.patch_namespaced_config_map(
+            "spark-0123.conf", "spark", {"metadata": {"labels": {"bad key": "v"}}}
+        )
+    assert e.value.status == 422, "updates are validated too"
+
+
+def test_deleting_a_namespace_deletes_its_contents_first(core: client.CoreV1Api, apiserver: Served) -> None:
+    """Namespace deletion (https://kubernetes.io/docs/concepts/overview/working-with-objects/namespaces/):
+    the namespace turns Terminating, refuses new content (403), its objects are deleted (running pods
+    gracefully), and it disappears once empty. default and kube-system cannot be deleted."""
+    store = apiserver.store
+    core.create_namespace({"metadata": {"name": "gone"}})
+    store.create("configmaps", {"metadata": {"name": "c"}}, namespace="gone")
+    store.create("pods", pod("running"), namespace="gone")
+    store.bind("gone", "running", "node-1")
+    terminating = core.delete_namespace("gone", _preload_content=False)
+    assert json.loads(terminating.data)["status"]["phase"] == "Terminating"
+    with pytest.raises(Api) as e:
+        core.create_namespaced_config_map("gone", {"metadata": {"name": "late"}})
+    assert e.value.status == 403 and "because it is being terminated" in status_of(e.value)["message"]
+    assert [p.metadata.name for p in core.list_namespaced_pod("gone").items] == ["running"]
+    assert core.list_namespaced_config_map("gone").items == []
+    assert core.read_namespace("gone").status.phase == "Terminating"
+    store.delete("pods", "gone", "running", grace_period_seconds=0)  # what the kubelet does after the grace
+    with pytest.raises(Api) as e:
+        core.read_namespace("gone")
+    assert e.value.status == 404
+    with pytest.raises(Api) as e:
+        core.delete_namespace("default")
+    assert e.value.status == 403

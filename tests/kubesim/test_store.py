@@ -227,4 +227,5 @@ def test_garbage_collection_follows_chains_of_owners(store: Store) -> None:
     store.delete("configmaps", "spark", "top")
     store.delete("configmaps", "spark", "keep", propagation_policy="Orphan")
     assert names(store.list("configmaps", "spark")[0]) == ["orphan"]
+    assert "ownerReferences" not in store.get("configmaps", "spark", "orphan")["metadata"]
     assert store.list("secrets", "spark")[0] == []

@@ -1,0 +1,87 @@
+"""The object-metadata validation of kube-apiserver that a client can trip over: names and labels.
+
+A name or label that a real cluster refuses must be refused here too, or code that builds names (config
+maps named after a Spark app id, labels copied from a policy) passes against kubesim and fails in
+production. Rules and messages follow apimachinery's `validation.IsDNS1123Subdomain`, `IsDNS1123Label`,
+`IsQualifiedName` and `IsValidLabelValue`
+(https://kubernetes.io/docs/concepts/overview/working-with-objects/names/,
+https://kubernetes.io/docs/concepts/overview/working-with-objects/labels/#syntax-and-character-set).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import invalid
+
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS1123_LABEL = re.compile(rf"^{_LABEL}$")
+_DNS1123_SUBDOMAIN = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+SUBDOMAIN_MESSAGE = (
+    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and "
+    "must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is "
+    "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+)
+LABEL_MESSAGE = (
+    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start "
+    "and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is "
+    "'[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+)
+QUALIFIED_MESSAGE = (
+    "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+    "alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is "
+    "'([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
+)
+VALUE_MESSAGE = (
+    "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and "
+    "must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex "
+    "used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"
+)
+
+
+def name_problems(name: str, *, label: bool) -> list[str]:
+    """Why `name` is not a valid object name: a DNS-1123 label (namespaces) or subdomain (the rest)."""
+    limit, pattern, message = (
+        (63, _DNS1123_LABEL, LABEL_MESSAGE) if label else (253, _DNS1123_SUBDOMAIN, SUBDOMAIN_MESSAGE)
+    )
+    problems = []
+    if len(name) > limit:
+        problems.append(f"must be no more than {limit} characters")
+    if not pattern.match(name):
+        problems.append(message)
+    return problems
+
+
+def _key_problems(key: str) -> list[str]:
+    prefix, _, name = key.rpartition("/")
+    problems = []
+    if "/" in key and (not prefix or name_problems(prefix, label=False)):
+        problems.append("prefix part " + SUBDOMAIN_MESSAGE)
+    if len(name) > 63:
+        problems.append("name part must be no more than 63 characters")
+    if not _QUALIFIED_NAME.match(name):
+        problems.append(QUALIFIED_MESSAGE)
+    return problems
+
+
+def check_metadata(kind: str, obj: Mapping[str, Any], *, namespace_name: bool) -> None:
+    """422 Invalid, with kube-apiserver's field paths and messages, for a bad name or label."""
+    meta = obj.get("metadata") or {}
+    name = str(meta.get("name", ""))
+    causes: list[tuple[str, str]] = [
+        ("metadata.name", f'Invalid value: "{name}": {p}') for p in name_problems(name, label=namespace_name)
+    ]
+    for key, value in (meta.get("labels") or {}).items():
+        causes += [("metadata.labels", f'Invalid value: "{key}": {p}') for p in _key_problems(str(key))]
+        text = "" if value is None else str(value)
+        if len(text) > 63:
+            causes.append(("metadata.labels", f'Invalid value: "{text}": must be no more than 63 characters'))
+        if not _LABEL_VALUE.match(text):
+            causes.append(("metadata.labels", f'Invalid value: "{text}": {VALUE_MESSAGE}'))
+    if causes:
+        raise invalid(kind, name, causes)
