@@ -164,9 +164,20 @@ def _inject(kube: Kube, kind: str, name: str, config: Obj, bundle: bytes) -> Non
 def sync_once(
     kube: Kube, target: Target, now: dt.datetime, metrics: CertsMetrics | None = None
 ) -> SyncResult:
-    """One cycle: plan, write the Secret if needed, inject caBundles. Raises KubeError on failures that
-    retries did not absorb (a Conflict on the Secret means another replica wrote it: the next cycle
-    re-plans from what it wrote)."""
+    """One cycle: plan, write the Secret if needed, inject caBundles. A Conflict on the Secret means
+    another replica wrote it first (two pods' init containers on a fresh install): re-read and re-plan from
+    what it wrote. Raises KubeError on failures that retries did not absorb."""
+    for attempt in range(3):
+        try:
+            return _cycle(kube, target, now, metrics)
+        except Conflict:
+            if attempt == 2:
+                raise
+            log.info("the certificate Secret changed under us; planning again")
+    raise AssertionError("unreachable")
+
+
+def _cycle(kube: Kube, target: Target, now: dt.datetime, metrics: CertsMetrics | None) -> SyncResult:
     try:
         secret: Obj | None = kube.get(target.secret_path)
     except NotFound:

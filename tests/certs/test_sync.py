@@ -252,3 +252,19 @@ def test_a_ca_bundle_holding_only_an_expired_ca_is_repaired(cluster: Cluster, ku
     result = sync_once(kube, Target(), T0 + dt.timedelta(minutes=1))
     assert [r.kind for r in result.injected] == ["mutating", "mutating"]
     assert bundles(cluster) == [secret_data(cluster)[CA_CRT]] * 4
+
+
+def test_losing_the_secret_creation_race_replans_from_the_winner(cluster: Cluster, kube: Kube) -> None:
+    winner = Kube.from_kubeconfig(str(cluster.add_user("system:serviceaccount:sparkgate-system:other")))
+    original = kube.create
+
+    def create_after_the_other_replica(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if path.endswith("/secrets"):
+            sync_once(winner, Target(), T0)  # the other replica's init container gets there first
+        return original(path, body)
+
+    kube.create = create_after_the_other_replica  # type: ignore[method-assign]
+    result = sync_once(kube, Target(), T0)
+    winner.close()
+    assert result.steps == () and result.injected == ()  # nothing left to do after the winner
+    assert bundles(cluster) == [secret_data(cluster)[CA_CRT]] * 4
