@@ -91,10 +91,12 @@ def test_deployment_is_hardened_and_probed(rendered: dict[tuple[str, str], Obj])
         assert set(c["resources"]["requests"]) == set(c["resources"]["limits"]) == {"cpu", "memory"}, name
         assert c["image"] == "ghcr.io/sparkgate/sparkgate:0.1.0", name
     for c in spec["containers"]:
-        assert c["readinessProbe"] and c["livenessProbe"], c["name"]
         port_names = {p["name"] for p in c["ports"]}
-        assert c["readinessProbe"]["httpGet"]["port"] in port_names
-    webhook = spec["containers"][0]
+        assert c["livenessProbe"]["httpGet"]["port"] in port_names, c["name"]
+    webhook, allocator = spec["containers"]
+    # Pod readiness is what the webhook Service routes by: it must be the webhook's alone.
+    assert webhook["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "webhook", "scheme": "HTTPS"}
+    assert "readinessProbe" not in allocator
     assert webhook["lifecycle"]["preStop"]["sleep"]["seconds"] >= 5
     assert spec["terminationGracePeriodSeconds"] > webhook["lifecycle"]["preStop"]["sleep"]["seconds"]
 
