@@ -196,3 +196,29 @@ def test_the_renderer_applies_kustomize_loader_rules(kustomize: ModuleType, tmp_
     (tmp_path / "outside.yaml").write_text("kind: ConfigMap\nmetadata: {name: x}\n")
     with pytest.raises(kustomize.KustomizeError, match="not in or below"):
         kustomize.build(tmp_path / "other")
+
+
+def test_cert_manager_overlay_hands_certificates_over(kustomize: ModuleType) -> None:
+    objects = kustomize.by_kind(kustomize.build(MANIFESTS / "overlays" / "cert-manager"))
+    spec = objects[("Deployment", "sparkgate")]["spec"]["template"]["spec"]
+    assert "initContainers" not in spec
+    allocator = {e["name"]: e.get("value") for e in spec["containers"][1]["env"]}
+    assert spec["containers"][1]["name"] == "allocator" and allocator["SPARKGATE_CERTS_SYNC"] == "false"
+    granted = {
+        resource
+        for kind in ("ClusterRole", "Role")
+        for rule in objects[(kind, "sparkgate-allocator")]["rules"]
+        for resource in rule["resources"]
+    }
+    assert granted == {"pods", "configmaps", "events", "leases"}
+    certificate = objects[("Certificate", "sparkgate-webhook")]["spec"]
+    webhook_names = {
+        w["clientConfig"]["service"]["name"] + "." + w["clientConfig"]["service"]["namespace"] + ".svc"
+        for kind in ("Mutating", "Validating")
+        for w in objects[(f"{kind}WebhookConfiguration", "sparkgate")]["webhooks"]
+    }
+    assert webhook_names <= set(certificate["dnsNames"])
+    for kind in ("Mutating", "Validating"):
+        annotations = objects[(f"{kind}WebhookConfiguration", "sparkgate")]["metadata"]["annotations"]
+        assert annotations["cert-manager.io/inject-ca-from"] == "sparkgate-system/sparkgate-webhook"
+    assert certificate["secretName"] == "sparkgate-webhook-tls"
