@@ -6,6 +6,9 @@ from __future__ import annotations
 import base64
 import copy
 import datetime as dt
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -268,3 +271,33 @@ def test_losing_the_secret_creation_race_replans_from_the_winner(cluster: Cluste
     winner.close()
     assert result.steps == () and result.injected == ()  # nothing left to do after the winner
     assert bundles(cluster) == [secret_data(cluster)[CA_CRT]] * 4
+
+
+def test_cli_loop_runs_until_sigterm_and_releases_the_lease(cluster: Cluster) -> None:
+    kubeconfig = str(cluster.add_user(SA))
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sparkgate.cli",
+            "certs",
+            "sync",
+            "--loop",
+            "--interval",
+            "3600",
+            "--kubeconfig",
+            kubeconfig,
+            "--identity",
+            "pod-cli",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        cluster.wait_for(lambda: len([b for b in bundles(cluster) if b]) == 4, timeout=60, what="injection")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, output
+    lease = cluster.store.get("leases", "sparkgate-system", "sparkgate-certs")
+    assert lease["spec"]["holderIdentity"] == "" and lease["spec"]["leaseTransitions"] == 0
