@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives import hashes, serialization
 
 from .pki import BACKDATE
 
@@ -92,16 +92,28 @@ def _single(data: Mapping[str, bytes], key: str) -> x509.Certificate | None:
     return certs[0] if len(certs) == 1 else None
 
 
+def _key_matches(cert: x509.Certificate, key_pem: bytes) -> bool:
+    """Whether `key_pem` is the private key of `cert` (a hand-edited or truncated Secret may hold junk)."""
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError):
+        return False
+    public = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    return bool(key.public_key().public_bytes(*public) == cert.public_key().public_bytes(*public))
+
+
 def _ca_usable(data: Mapping[str, bytes], now: dt.datetime) -> bool:
     ca = _single(data, CA_CRT)
-    return ca is not None and bool(data.get(CA_KEY)) and ca.not_valid_after_utc > now
+    return ca is not None and ca.not_valid_after_utc > now and _key_matches(ca, data.get(CA_KEY, b""))
 
 
 def _serving_needs_renewal(
     data: Mapping[str, bytes], dns_names: Sequence[str], now: dt.datetime, lifetimes: Lifetimes
 ) -> bool:
     serving, ca = _single(data, TLS_CRT), _single(data, CA_CRT)
-    if serving is None or ca is None or not data.get(TLS_KEY) or serving.issuer != ca.subject:
+    if serving is None or ca is None or serving.issuer != ca.subject:
+        return True
+    if not _key_matches(serving, data.get(TLS_KEY, b"")):
         return True
     try:
         serving.verify_directly_issued_by(ca)
@@ -131,7 +143,7 @@ def secret_steps(
     assert ca is not None
     steps: list[Step] = []
     staged = _single(data, NEXT_CRT)
-    if staged is not None and data.get(NEXT_KEY):
+    if staged is not None and _key_matches(staged, data.get(NEXT_KEY, b"")):
         bundled = all(staged in load_certs(b) for b in ca_bundles.values())
         if bundled and now - issued_at(staged) >= lifetimes.overlap:
             return (Step.SWITCH_CA,)

@@ -11,9 +11,12 @@ from certs.material import advance, fresh
 from certs.pki import make_ca, make_serving_cert, service_dns_names
 from certs.plan import (
     CA_CRT,
+    CA_KEY,
     NEXT_CRT,
+    NEXT_KEY,
     PREVIOUS_CRT,
     TLS_CRT,
+    TLS_KEY,
     Lifetimes,
     Step,
     WebhookRef,
@@ -134,3 +137,19 @@ def test_switch_waits_until_every_webhook_trusts_the_new_ca() -> None:
     full = {ref: trust_bundle(staged) for ref in HOOKS}
     assert Step.SWITCH_CA not in secret_steps(staged, full, NAMES, near_end, LIFE)
     assert secret_steps(staged, full, NAMES, later, LIFE) == (Step.SWITCH_CA,)
+
+
+def test_keys_that_do_not_match_their_certificates_are_replaced() -> None:
+    data = fresh(NAMES, T0, LIFE)
+    other = fresh(NAMES, T0, LIFE)
+    assert secret_steps({**data, CA_KEY: b"junk"}, {}, NAMES, T0, LIFE) == (Step.CREATE,)
+    assert secret_steps({**data, CA_KEY: other[CA_KEY]}, {}, NAMES, T0, LIFE) == (Step.CREATE,)
+    assert secret_steps({**data, TLS_KEY: other[TLS_KEY]}, {}, NAMES, T0, LIFE) == (Step.RENEW_SERVING,)
+    near_end = T0 + LIFE.ca - LIFE.ca_renew_before
+    staged = advance(data, (Step.STAGE_CA,), NAMES, near_end, LIFE)
+    broken = {**staged, NEXT_KEY: b"junk"}
+    bundles = {ref: trust_bundle(broken) for ref in HOOKS}
+    # A staged CA without its key cannot be switched to: it is staged afresh instead.
+    steps = secret_steps(broken, bundles, NAMES, near_end + LIFE.overlap, LIFE)
+    assert Step.STAGE_CA in steps and Step.SWITCH_CA not in steps
+    assert advance(broken, steps, NAMES, near_end + LIFE.overlap, LIFE)[NEXT_KEY] != b"junk"
