@@ -216,6 +216,12 @@ def sync_guarded(
             metrics.syncs.labels("error").inc()
         log.warning("certs sync failed (retried next cycle): %s", e)
         return None
+    except Exception:
+        # A bug must not end rotation for the life of the process: log it, count it, try next cycle.
+        if metrics is not None:
+            metrics.syncs.labels("error").inc()
+        log.exception("certs sync failed unexpectedly (retried next cycle)")
+        return None
     if metrics is not None:
         metrics.syncs.labels("ok").inc()
     for name in result.missing:
