@@ -301,3 +301,14 @@ def test_cli_loop_runs_until_sigterm_and_releases_the_lease(cluster: Cluster) ->
     assert process.returncode == 0, output
     lease = cluster.store.get("leases", "sparkgate-system", "sparkgate-certs")
     assert lease["spec"]["holderIdentity"] == "" and lease["spec"]["leaseTransitions"] == 0
+
+
+def test_an_unexpected_error_does_not_end_the_loop(kube: Kube, monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = CollectorRegistry()
+
+    def broken(path: str) -> dict[str, Any]:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(kube, "get", broken)
+    assert sync_guarded(kube, Target(), T0, CertsMetrics(registry)) is None
+    assert registry.get_sample_value("sparkgate_certs_syncs_total", {"result": "error"}) == 1
