@@ -12,7 +12,8 @@ back of the line, so when a namespace or the cluster budget binds, apps take tur
 
 Settled details:
 - "in flight" = released, not being deleted, phase Pending (PodRecord.in_flight);
-- the previous batch is bound when every pod of it that still exists and is not being deleted has a node;
+- the previous batch is bound when every pod of it that was released, still exists and is not being deleted
+  has a node (a pod whose release failed is gated again, not waiting for the scheduler);
 - settings come from the profile named on the app's pods and the annotations of its lowest-id pod;
 - a gated pod whose executor id was deleted before is deleted (id reuse refused), never released;
 - an app whose driver is finished, or was seen and is gone, has its gated pods and config maps deleted;
@@ -199,6 +200,7 @@ def _release(
         n
         for n in mem.last_batch
         if n in by_name
+        and not by_name[n].gated  # a release that failed (409/422) is not waiting for the scheduler
         and not by_name[n].deleting
         and by_name[n].node is None
         and by_name[n].phase == "Pending"

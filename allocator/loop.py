@@ -15,8 +15,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sparkgate import contract
@@ -36,6 +36,26 @@ from .status import app_document, apps_document, executor_counts
 log = logging.getLogger(__name__)
 
 HISTORY_LABEL = "sparkgate.io/history"
+UNSEEN_EXPIRY = 60.0  # seconds a removed gate may stay unreported by the watch before the cache wins
+
+
+def expect_released(snapshot: Snapshot, released: Mapping[str, float]) -> Snapshot:
+    """The snapshot with the gates this allocator removed but its watch has not reported yet removed.
+
+    Without it a decision taken between a release and its watch event would count those pods as gated,
+    not in flight, and release past the namespace or cluster limit (the controller "expectations" of
+    kube-controller-manager, for the same reason)."""
+    if not released:
+        return snapshot
+    apps = dict(snapshot.apps)
+    for key, view in snapshot.apps.items():
+        if any(p.gated and p.uid in released for p in view.pods):
+            pods = tuple(
+                replace(p, gated=False, gate_index=None) if p.gated and p.uid in released else p
+                for p in view.pods
+            )
+            apps[key] = replace(view, pods=pods)
+    return Snapshot(apps, snapshot.sources)
 
 
 def history_name(key: AppKey) -> str:
@@ -78,7 +98,8 @@ class Controller:
         self._wake = threading.Condition()
         self._dirty: set[AppKey] = set()
         self._gone: list[tuple[PodRecord, bool, float]] = []
-        self._released_at: dict[str, float] = {}
+        self._released_at: dict[str, float] = {}  # uid -> release time, until bound (release-to-bind metric)
+        self._unseen: dict[str, float] = {}  # uid -> release time, until the watch shows the gate gone
         self.cache = Cache(self._on_change, self._on_gone)
         self.memory: dict[AppKey, AppMemory] = {}
         self.histories: dict[AppKey, History] = {}
@@ -165,6 +186,13 @@ class Controller:
 
     def _pod_event(self, kind: str, obj: dict[str, Any]) -> None:
         uid = (obj.get("metadata") or {}).get("uid", "")
+        if uid in self._unseen and (
+            kind == "DELETED"
+            or not any(
+                g.get("name") == contract.GATE for g in (obj.get("spec") or {}).get("schedulingGates") or ()
+            )
+        ):
+            self._unseen.pop(uid, None)
         if uid in self._released_at and (obj.get("spec") or {}).get("nodeName"):
             released = self._released_at.pop(uid)
             namespace = obj["metadata"].get("namespace", "")
@@ -175,6 +203,7 @@ class Controller:
 
     def _on_release(self, action: Release, at: float) -> None:
         self._released_at[action.pod.uid] = at
+        self._unseen[action.pod.uid] = at
         self.metrics.releases.labels(action.app.namespace).inc()
         if action.pod.created:
             self.metrics.gate_wait.labels(action.app.namespace).observe(max(0.0, at - action.pod.created))
@@ -262,6 +291,11 @@ class Controller:
             return
         snapshot = self.cache.snapshot()
         self._record_gone(gone, snapshot)
+        now = self.clock()
+        for uid, at in list(self._unseen.items()):
+            if now - at > UNSEEN_EXPIRY:  # the watch lost it (relist replaced the pod): trust the cache again
+                self._unseen.pop(uid, None)
+        snapshot = expect_released(snapshot, dict(self._unseen))
         policy = self.policy.current()
         if policy is None or not self.elector.leading:
             self._observe(
