@@ -1,0 +1,122 @@
+"""Deletion classification and per-app history: the reason of every way an executor goes away, the
+counts and recent records kept, and the persisted form read back (also from a newer version)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from allocator.deletions import RECENT, History, classify
+from allocator.model import DeletionReason, DeletionRecord, PodRecord
+
+
+def pod(
+    *,
+    gated: bool = False,
+    node: str | None = "node-1",
+    phase: str = "Running",
+    reason: str | None = None,
+    exit_code: int | None = None,
+    exec_id: int | None = 7,
+) -> PodRecord:
+    return PodRecord(
+        "spark",
+        "app-exec-7",
+        "uid-7",
+        "spark-app",
+        exec_id,
+        "0",
+        gated,
+        "default",
+        None if gated else node,
+        phase,
+        True,
+        1000.0,
+        reason=reason,
+        exit_code=exit_code,
+    )
+
+
+@pytest.mark.parametrize(
+    ("record", "finishing", "expected"),
+    [
+        (pod(gated=True, phase="Pending"), False, DeletionReason.GATED),
+        (pod(node=None, phase="Pending"), False, DeletionReason.PENDING),
+        (pod(phase="Pending"), False, DeletionReason.PENDING),  # bound, not started
+        (pod(), False, DeletionReason.RUNNING),
+        (pod(phase="Failed", reason="Error", exit_code=1), False, DeletionReason.FAILED),
+        (pod(phase="Failed", reason="OOMKilled", exit_code=137), False, DeletionReason.OOM_KILLED),
+        (pod(phase="Failed", reason="Evicted"), False, DeletionReason.EVICTED),
+        (pod(phase="Failed", reason="Preempted"), False, DeletionReason.PREEMPTED),
+        (pod(phase="Failed", reason="PreemptionByScheduler"), False, DeletionReason.PREEMPTED),
+        (pod(phase="Succeeded", reason="Completed", exit_code=0), False, DeletionReason.SUCCEEDED),
+        # the driver went away: whatever was still alive was ended by the app finishing...
+        (pod(gated=True, phase="Pending"), True, DeletionReason.APP_FINISHED),
+        (pod(), True, DeletionReason.APP_FINISHED),
+        # ...but an executor that had already failed or succeeded keeps its own story
+        (pod(phase="Failed", reason="OOMKilled", exit_code=137), True, DeletionReason.OOM_KILLED),
+        (pod(phase="Succeeded"), True, DeletionReason.SUCCEEDED),
+    ],
+)
+def test_classify(record: PodRecord, finishing: bool, expected: DeletionReason) -> None:
+    entry = classify(record, 2000.5, app_finishing=finishing)
+    assert entry.reason is expected
+    assert (entry.exec_id, entry.pod, entry.node, entry.at) == (7, "app-exec-7", record.node, 2000.5)
+    assert (entry.exit_code, entry.detail) == (record.exit_code, record.reason)
+
+
+def test_history_counts_by_reason_keeps_recent_records_and_every_exec_id() -> None:
+    history = History()
+    for i in range(RECENT + 10):
+        reason = DeletionReason.RUNNING if i % 3 else DeletionReason.OOM_KILLED
+        history.record(DeletionRecord(i, f"exec-{i}", "node-1", 100.0 + i, reason))
+    history.record(DeletionRecord(None, "exec-bad-id", None, 500.0, DeletionReason.GATED))
+    assert history.counts == {
+        DeletionReason.OOM_KILLED: 20,
+        DeletionReason.RUNNING: 40,
+        DeletionReason.GATED: 1,
+    }
+    assert len(history.recent) == RECENT
+    assert history.recent[-1].pod == "exec-bad-id"
+    assert history.recent[0].exec_id == 11  # the oldest ones dropped
+    assert history.exec_ids == set(range(RECENT + 10))  # ids are never forgotten: reuse is refused
+
+
+def test_history_round_trips_through_json() -> None:
+    history = History(finished_at=3000.0)
+    history.record(DeletionRecord(3, "exec-3", "node-2", 10.25, DeletionReason.OOM_KILLED, 137, "OOMKilled"))
+    history.record(DeletionRecord(None, "exec-x", None, 11.0, DeletionReason.ID_REUSE))
+    history.record(DeletionRecord(4, "exec-4", None, 12.0, DeletionReason.GATED))
+    data = json.loads(json.dumps(history.to_dict()))
+    assert data["counts"] == {"deleted_while_gated": 1, "id_reuse_refused": 1, "oom_killed": 1}
+    back = History.from_dict(data)
+    assert back.counts == history.counts
+    assert list(back.recent) == list(history.recent)
+    assert back.exec_ids == {3, 4}
+    assert back.finished_at == 3000.0
+    assert back.to_dict() == history.to_dict()
+
+
+def test_history_from_a_newer_version_skips_unknown_reasons_and_keeps_the_rest() -> None:
+    data: dict[str, Any] = {
+        "counts": {"failed": 2, "reason_from_the_future": 5},
+        "recent": [
+            {"execId": 1, "pod": "exec-1", "node": "n", "at": 5, "reason": "failed", "exitCode": 1},
+            {"execId": 2, "pod": "exec-2", "node": "n", "at": 6, "reason": "reason_from_the_future"},
+        ],
+        "execIds": [1, 2],
+        "somethingNew": True,
+    }
+    back = History.from_dict(data)
+    assert back.counts == {DeletionReason.FAILED: 2}
+    assert [r.exec_id for r in back.recent] == [1]
+    assert back.recent[0].at == 5.0 and back.recent[0].detail is None
+    assert back.exec_ids == {1, 2} and back.finished_at is None
+
+
+def test_history_from_an_empty_document() -> None:
+    back = History.from_dict({})
+    assert not back.counts and not back.recent and not back.exec_ids and back.finished_at is None
+    assert len(History.from_dict({"recent": []}).recent) == 0
