@@ -126,7 +126,9 @@ def write_policy(
 
 @dataclass
 class Observer:
-    """Checks the limits after every change in the store, and counts gate removals between binds."""
+    """Checks the limits after every change in the store (in flight here: released and not yet bound,
+    so `max_in_flight` of an app is also the largest number of its released pods waiting for a node),
+    and records which app each gate removal went to and which apps were waiting then."""
 
     cluster: Cluster
     per_app: int
@@ -136,8 +138,16 @@ class Observer:
     violations: list[str] = field(default_factory=list)
     max_in_flight: Counter[str] = field(default_factory=Counter)
     released: set[str] = field(default_factory=set)
-    releases_since_bind: Counter[tuple[str, str]] = field(default_factory=Counter)
-    max_burst: int = 0
+    release_order: list[tuple[str, frozenset[str]]] = field(default_factory=list)
+
+    def waiting_apps(self) -> set[str]:
+        pods, _, _ = self.cluster.store.list_objects("pods", label_selector="spark-role=executor")
+        return {
+            p["metadata"]["labels"].get("spark-app-selector", "")
+            for p in pods
+            if any(g.get("name") == contract.GATE for g in p["spec"].get("schedulingGates") or [])
+            and not p["metadata"].get("deletionTimestamp")
+        }
 
     def __post_init__(self) -> None:
         self._gated: dict[str, bool] = {}
@@ -158,10 +168,7 @@ class Observer:
                 if uid in self.released:
                     self.violations.append(f"{obj['metadata']['name']} released twice")
                 self.released.add(uid)
-                self.releases_since_bind[app] += 1
-                self.max_burst = max(self.max_burst, self.releases_since_bind[app])
-            if obj["spec"].get("nodeName") and kind == "MODIFIED" and self._gated.get(uid, True) is not None:
-                pass
+                self.release_order.append((app[1], frozenset(self.waiting_apps())))
             self._gated[uid] = gated
             self.check()
 
@@ -191,6 +198,17 @@ class Observer:
         self.max_in_flight["cluster"] = max(self.max_in_flight["cluster"], total)
         if total > self.cluster_cap:
             self.violations.append(f"cluster has {total} > {self.cluster_cap}")
+
+
+def leader(cluster: Cluster) -> str | None:
+    """The holder of the allocator's Lease (the allocator serves HTTP before it campaigns)."""
+    leases, _, _ = cluster.store.list_objects("leases", "sparkgate-system")
+    holders = [
+        (lease.get("spec") or {}).get("holderIdentity")
+        for lease in leases
+        if lease["metadata"]["name"] == "sparkgate-allocator"
+    ]
+    return holders[0] if holders and holders[0] else None
 
 
 class AllocatorProcess:
@@ -237,13 +255,25 @@ def system(tmp_path: Path) -> Iterator[Any]:
     resources: list[Any] = []
 
     def build(
-        *, nodes: int = 5, node_cpu: str = "10", allocators: int = 1, webhook_up: bool = True, **policy: Any
+        *,
+        nodes: int = 5,
+        node_cpu: str = "10",
+        allocators: int = 1,
+        max_bind_rate: float | None = None,
+        config_maps: str = "[]",
+        **policy: Any,
     ) -> tuple[Cluster, LocalWebhook, list[AllocatorProcess], Observer]:
-        cluster = Cluster(nodes=nodes, node_cpu=node_cpu, node_memory="1000Gi", bookmark_interval=0.5).start()
+        cluster = Cluster(
+            nodes=nodes,
+            node_cpu=node_cpu,
+            node_memory="1000Gi",
+            bookmark_interval=0.5,
+            max_bind_rate=max_bind_rate,
+        ).start()
         resources.append(cluster)
         cluster.add_namespace("spark")
         cluster.add_namespace("spark-b")
-        path = write_policy(tmp_path / "policy.yaml", **policy)
+        path = write_policy(tmp_path / "policy.yaml", config_maps=config_maps, **policy)
         w = LocalWebhook(path, tmp_path / "webhook", allocator_users=(ALLOCATOR_USER,))
         (tmp_path / "webhook").mkdir(exist_ok=True)
         w.start()
@@ -256,6 +286,10 @@ def system(tmp_path: Path) -> Iterator[Any]:
             proc = AllocatorProcess(cluster, path, tmp_path, f"alloc-{i + 1}")
             resources.append(proc)
             procs.append(proc)
+        if allocators:
+            cluster.wait_for(
+                lambda: leader(cluster) is not None, timeout=60, what="an allocator to take the lease"
+            )
         observer = Observer(
             cluster,
             policy.get("per_app", 20),
