@@ -69,6 +69,9 @@ def api_client(kubeconfig: str | None) -> k8s.ApiClient:
     else:
         k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     configuration.connection_pool_maxsize = 16
+    # urllib3's default Retry would re-send a 429/503 with Retry-After by itself (sleeping unjittered, unseen
+    # by the request hook) and re-send after a dropped connection; Kube.request owns retries.
+    configuration.retries = False
     return k8s.ApiClient(configuration)
 
 

@@ -141,11 +141,6 @@ def test_5xx_and_429_are_retried_with_backoff_honouring_retry_after(
     assert 0 <= recorder.sleeps[0] <= kube.backoff_cap
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="api_client() leaves urllib3's default Retry on: it retries a 429/503 carrying Retry-After by itself "
-    "(sleeping, unjittered, unseen by the request hook). Fix: configuration.retries = False in api_client().",
-)
 def test_no_hidden_retries_under_kubes_own(cluster: Cluster, kube: Kube, recorder: Recorder) -> None:
     assert retried_get(cluster, kube, recorder, "hidden", 1) == [500, 429, 200]
 
