@@ -418,11 +418,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
-            pass
+            self.close_connection = True
         finally:
             unregister()
+            # A watch that ran its timeoutSeconds leaves the connection reusable, as Go's net/http does;
+            # the client pools it. A dropped or stopped one closes it.
+            if stream.closed or api.stopping:
+                self.close_connection = True
             stream.close()
-        self.close_connection = True
 
 
 class _Injected(Exception):
