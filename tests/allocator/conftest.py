@@ -3,14 +3,7 @@ real allocator processes, simulated Spark drivers, and an observer that checks t
 
 from __future__ import annotations
 
-import base64
-import json
-import os
-import signal
-import subprocess
-import sys
 import threading
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,70 +14,8 @@ import pytest
 
 from kubesim.cluster import Cluster
 from sparkgate import contract
-from webhook.local import LocalWebhook, free_port
-
-ALLOCATOR_USER = "system:serviceaccount:sparkgate-system:sparkgate-allocator"
-
-
-def webhook_configurations(
-    w: LocalWebhook, failure_policy: str = "Ignore"
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    ca = base64.b64encode(w.ca_pem).decode()
-    common = {
-        "admissionReviewVersions": ["v1"],
-        "sideEffects": "None",
-        "failurePolicy": failure_policy,
-        "timeoutSeconds": 5,
-        "objectSelector": {"matchLabels": {"spark-role": "executor"}},
-        "namespaceSelector": {
-            "matchExpressions": [
-                {
-                    "key": "kubernetes.io/metadata.name",
-                    "operator": "NotIn",
-                    "values": ["kube-system", "sparkgate-system"],
-                }
-            ]
-        },
-    }
-    mutating = {
-        "metadata": {"name": "sparkgate"},
-        "webhooks": [
-            {
-                "name": "executors.sparkgate.io",
-                "clientConfig": {"url": f"{w.url}/mutate", "caBundle": ca},
-                "rules": [
-                    {
-                        "operations": ["CREATE"],
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "resources": ["pods"],
-                    }
-                ],
-                "reinvocationPolicy": "Never",
-                **common,
-            }
-        ],
-    }
-    validating = {
-        "metadata": {"name": "sparkgate"},
-        "webhooks": [
-            {
-                "name": "gate.sparkgate.io",
-                "clientConfig": {"url": f"{w.url}/validate", "caBundle": ca},
-                "rules": [
-                    {
-                        "operations": ["UPDATE"],
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "resources": ["pods"],
-                    }
-                ],
-                **common,
-            }
-        ],
-    }
-    return mutating, validating
-
+from sparkgate.localsystem import AllocatorProcess, LocalSystem
+from webhook.local import LocalWebhook
 
 POLICY = """
 apiVersion: sparkgate.io/v1alpha1
@@ -200,104 +131,41 @@ class Observer:
             self.violations.append(f"cluster has {total} > {self.cluster_cap}")
 
 
-def leader(cluster: Cluster) -> str | None:
-    """The holder of the allocator's Lease (the allocator serves HTTP before it campaigns)."""
-    leases, _, _ = cluster.store.list_objects("leases", "sparkgate-system")
-    holders = [
-        (lease.get("spec") or {}).get("holderIdentity")
-        for lease in leases
-        if lease["metadata"]["name"] == "sparkgate-allocator"
-    ]
-    return holders[0] if holders and holders[0] else None
-
-
-class AllocatorProcess:
-    def __init__(self, cluster: Cluster, policy: Path, workdir: Path, identity: str = "alloc-1") -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        kubeconfig = cluster.add_user(ALLOCATOR_USER)
-        self.log = workdir / f"{identity}.log"
-        args = [
-            sys.executable, "-m", "sparkgate.cli", "allocator",
-            "--kubeconfig", str(kubeconfig), "--policy", str(policy), "--namespace", "sparkgate-system",
-            "--http", f"127.0.0.1:{self.port}", "--identity", identity, "--tick", "0.2",
-            "--lease-duration", "2", "--renew-deadline", "1.5", "--retry-period", "0.3", "--log-level", "info",
-        ]  # fmt: skip
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-
-    def apps(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"{self.url}/apps", timeout=5) as r:
-            document: dict[str, Any] = json.loads(r.read())
-            return document
-
-    def get(self, path: str) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(f"{self.url}{path}", timeout=5) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode()
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, sig)
-            self.process.wait(timeout=20)
-
-    def stop(self) -> None:
-        self.kill(signal.SIGTERM)
-
-
 @pytest.fixture
 def system(tmp_path: Path) -> Iterator[Any]:
     """Build on demand: system(policy=..., nodes=...) -> (cluster, webhook, [allocators], observer)."""
-    resources: list[Any] = []
+    resources: list[LocalSystem] = []
 
     def build(
         *,
         nodes: int = 5,
         node_cpu: str = "10",
-        allocators: int = 1,
         max_bind_rate: float | None = None,
         config_maps: str = "[]",
         **policy: Any,
     ) -> tuple[Cluster, LocalWebhook, list[AllocatorProcess], Observer]:
-        cluster = Cluster(
+        path = write_policy(tmp_path / "policy.yaml", config_maps=config_maps, **policy)
+        system = LocalSystem(
+            path,
+            tmp_path,
+            namespaces=("spark", "spark-b"),
+            allocator_tick=0.2,
             nodes=nodes,
             node_cpu=node_cpu,
             node_memory="1000Gi",
             bookmark_interval=0.5,
             max_bind_rate=max_bind_rate,
-        ).start()
-        resources.append(cluster)
-        cluster.add_namespace("spark")
-        cluster.add_namespace("spark-b")
-        path = write_policy(tmp_path / "policy.yaml", config_maps=config_maps, **policy)
-        w = LocalWebhook(path, tmp_path / "webhook", allocator_users=(ALLOCATOR_USER,))
-        (tmp_path / "webhook").mkdir(exist_ok=True)
-        w.start()
-        resources.append(w)
-        mutating, validating = webhook_configurations(w)
-        cluster.store.create("mutatingwebhookconfigurations", mutating)
-        cluster.store.create("validatingwebhookconfigurations", validating)
-        procs = []
-        for i in range(allocators):
-            proc = AllocatorProcess(cluster, path, tmp_path, f"alloc-{i + 1}")
-            resources.append(proc)
-            procs.append(proc)
-        if allocators:
-            cluster.wait_for(
-                lambda: leader(cluster) is not None, timeout=60, what="an allocator to take the lease"
-            )
+        )
+        resources.append(system.start())
+        assert system.webhook is not None and system.allocator is not None
         observer = Observer(
-            cluster,
+            system.cluster,
             policy.get("per_app", 20),
             policy.get("per_ns", 200),
             policy.get("cluster", 500),
             policy.get("batch", 10),
         )
-        return cluster, w, procs, observer
+        return system.cluster, system.webhook, [system.allocator], observer
 
     yield build
     for resource in reversed(resources):

@@ -12,11 +12,7 @@ And at the end: every executor of a live app was released and runs, each gate re
 
 from __future__ import annotations
 
-import base64
-import os
 import signal
-import subprocess
-import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -28,12 +24,11 @@ import pytest
 import kubesim.apiserver
 from kubesim.cluster import Cluster
 from sparkgate import contract
-from webhook.local import LocalWebhook, free_port
+from sparkgate.localsystem import AllocatorProcess, lease_holder, webhook_configurations
+from webhook.local import LocalWebhook
 from webhook.review import DEFAULT_ALLOCATOR_USER
 
 NS = "spark"
-INSTALL = "sparkgate-system"
-LEASE = "sparkgate-allocator"
 BATCH, PER_APP, PER_NS = 5, 10, 15
 
 POLICY = f"""
@@ -112,58 +107,6 @@ class StrictObserver:
             return [uid for uid, n in self.releases.items() if n > 1]
 
 
-class Allocator:
-    """`sparkgate allocator` as its own process group, so that kill -9 takes all of it."""
-
-    def __init__(self, cluster: Cluster, policy: Path, workdir: Path, identity: str) -> None:
-        self.identity = identity
-        self.log = workdir / f"{identity}.log"
-        kubeconfig = cluster.add_user(DEFAULT_ALLOCATOR_USER, ["system:serviceaccounts"])
-        args = [
-            sys.executable, "-m", "sparkgate.cli", "allocator", "--kubeconfig", str(kubeconfig),
-            "--policy", str(policy), "--namespace", INSTALL, "--http", f"127.0.0.1:{free_port()}",
-            "--lease-name", LEASE, "--identity", identity, "--tick", "0.5",
-            "--lease-duration", "2", "--renew-deadline", "1.5", "--retry-period", "0.3",
-        ]  # fmt: skip
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, sig)
-        self.process.wait(timeout=30)
-
-
-def holder(cluster: Cluster) -> str | None:
-    try:
-        lease = cluster.store.get("leases", INSTALL, LEASE)
-    except Exception:
-        return None
-    value: str | None = (lease.get("spec") or {}).get("holderIdentity")
-    return value
-
-
-def webhook_configuration(webhook: LocalWebhook) -> dict[str, Any]:
-    hook = {
-        "name": "executors.sparkgate.io",
-        "clientConfig": {
-            "url": f"{webhook.url}/mutate",
-            "caBundle": base64.b64encode(webhook.ca_pem).decode(),
-        },
-        "rules": [
-            {"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}
-        ],
-        "objectSelector": {"matchLabels": {contract.LABEL_ROLE: contract.ROLE_EXECUTOR}},
-        "admissionReviewVersions": ["v1"],
-        "sideEffects": "None",
-        "failurePolicy": "Ignore",
-        "timeoutSeconds": 5,
-    }
-    return {"metadata": {"name": "sparkgate"}, "webhooks": [hook]}
-
-
 class World:
     def __init__(self, cluster: Cluster, webhook: LocalWebhook, policy: Path, workdir: Path) -> None:
         self.cluster = cluster
@@ -171,15 +114,17 @@ class World:
         self.policy = policy
         self.workdir = workdir
         self.observer = StrictObserver(cluster)
-        self.allocators: list[Allocator] = []
+        self.allocators: list[AllocatorProcess] = []
 
-    def allocator(self, identity: str) -> Allocator:
-        process = Allocator(self.cluster, self.policy, self.workdir, identity)
+    def allocator(self, identity: str) -> AllocatorProcess:
+        process = AllocatorProcess(self.cluster, self.policy, self.workdir, identity)
         self.allocators.append(process)
         return process
 
     def wait_leader(self, identity: str) -> None:
-        self.cluster.wait_for(lambda: holder(self.cluster) == identity, timeout=60, what=f"{identity} leads")
+        self.cluster.wait_for(
+            lambda: lease_holder(self.cluster) == identity, timeout=60, what=f"{identity} leads"
+        )
 
     def executors(self, app_id: str) -> list[dict[str, Any]]:
         pods, _, _ = self.cluster.store.list(
@@ -213,7 +158,9 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
         LocalWebhook(policy, tmp_path / "webhook", allocator_users=(DEFAULT_ALLOCATOR_USER,)) as webhook,
     ):
         cluster.add_namespace(NS)
-        cluster.store.create("mutatingwebhookconfigurations", webhook_configuration(webhook))
+        mutating, validating = webhook_configurations(webhook.url, webhook.ca_pem)
+        cluster.store.create("mutatingwebhookconfigurations", mutating)
+        cluster.store.create("validatingwebhookconfigurations", validating)
         w = World(cluster, webhook, policy, tmp_path)
         try:
             yield w
@@ -272,7 +219,7 @@ def test_api_faults_and_a_leader_hand_over_keep_the_limits(world: World) -> None
     world.cluster.wait_for(
         lambda: all(world.released(d.app_id) >= 10 for d in drivers), timeout=60, what="both apps ramping"
     )
-    assert holder(world.cluster) == "alloc-a"
+    assert lease_holder(world.cluster) == "alloc-a"
     faults.drop_watches()
     world.cluster.store.compact()  # every resourceVersion too old: the watches get 410 and relist
     world.cluster.wait_for(

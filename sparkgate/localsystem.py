@@ -1,0 +1,221 @@
+"""sparkgate installed on kubesim, on one machine: the demo, the tests, the benchmarks all start it here.
+
+    with LocalSystem(policy, workdir, nodes=4) as system:
+        system.cluster        # kubesim.Cluster: the API server, scheduler, kubelets, Spark drivers
+        system.webhook        # the real `sparkgate webhook` (gunicorn, TLS), registered as the manifests do
+        system.allocator      # the real `sparkgate allocator` process, with the allocator's service account
+
+`LocalSystem(..., sparkgate=False)` is the same cluster with nothing installed: the baseline. The webhook
+configurations are those of manifests/base/webhooks.yaml (objectSelector spark-role=executor, the system
+namespaces excluded, failurePolicy Ignore), with a loopback URL instead of the Service.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from kubesim.cluster import Cluster
+from sparkgate import contract
+from webhook.local import LocalWebhook, free_port
+from webhook.review import DEFAULT_ALLOCATOR_USER
+
+INSTALL_NAMESPACE = "sparkgate-system"
+LEASE = "sparkgate-allocator"
+
+
+def webhook_configurations(
+    url: str, ca_pem: bytes, failure_policy: str = "Ignore"
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The mutating (executor CREATE) and the gate-protecting validating (pod UPDATE) configurations."""
+    ca = base64.b64encode(ca_pem).decode()
+    common: dict[str, Any] = {
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": failure_policy,
+        "timeoutSeconds": 5,
+        "objectSelector": {"matchLabels": {contract.LABEL_ROLE: contract.ROLE_EXECUTOR}},
+        "namespaceSelector": {
+            "matchExpressions": [
+                {
+                    "key": "kubernetes.io/metadata.name",
+                    "operator": "NotIn",
+                    "values": ["kube-system", INSTALL_NAMESPACE],
+                }
+            ]
+        },
+    }
+
+    def rule(operation: str) -> list[dict[str, Any]]:
+        return [{"operations": [operation], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}]
+
+    mutating = {
+        "metadata": {"name": "sparkgate"},
+        "webhooks": [
+            {
+                "name": "executors.sparkgate.io",
+                "clientConfig": {"url": f"{url}/mutate", "caBundle": ca},
+                "rules": rule("CREATE"),
+                "reinvocationPolicy": "Never",
+                **common,
+            }
+        ],
+    }
+    validating = {
+        "metadata": {"name": "sparkgate"},
+        "webhooks": [
+            {
+                "name": "gate.sparkgate.io",
+                "clientConfig": {"url": f"{url}/validate", "caBundle": ca},
+                "rules": rule("UPDATE"),
+                **common,
+            }
+        ],
+    }
+    return mutating, validating
+
+
+def lease_holder(cluster: Cluster, lease: str = LEASE) -> str | None:
+    """Who holds the allocator's Lease now (None when nobody does)."""
+    leases, _, _ = cluster.store.list_objects("leases", INSTALL_NAMESPACE)
+    for obj in leases:
+        if obj["metadata"]["name"] == lease:
+            holder: str | None = (obj.get("spec") or {}).get("holderIdentity") or None
+            return holder
+    return None
+
+
+class AllocatorProcess:
+    """`sparkgate allocator` in its own process group (kill takes all of it), as the allocator's service
+    account, serving /metrics and /apps on a loopback port."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        policy: Path,
+        workdir: Path,
+        identity: str = "alloc-1",
+        *,
+        tick: float = 0.5,
+        lease_duration: float = 2.0,
+        renew_deadline: float = 1.5,
+        retry_period: float = 0.3,
+        log_level: str = "info",
+    ) -> None:
+        self.identity = identity
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = workdir / f"allocator-{identity}.log"
+        kubeconfig = cluster.add_user(DEFAULT_ALLOCATOR_USER, ["system:serviceaccounts"])
+        args = [
+            sys.executable, "-m", "sparkgate.cli", "allocator",
+            "--kubeconfig", str(kubeconfig), "--policy", str(policy), "--namespace", INSTALL_NAMESPACE,
+            "--http", f"127.0.0.1:{self.port}", "--lease-name", LEASE, "--identity", identity,
+            "--tick", str(tick), "--lease-duration", str(lease_duration),
+            "--renew-deadline", str(renew_deadline), "--retry-period", str(retry_period),
+            "--log-level", log_level,
+        ]  # fmt: skip
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"{self.url}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def apps(self) -> dict[str, Any]:
+        code, body = self.get("/apps")
+        if code != 200:
+            raise RuntimeError(f"/apps answered {code}: {body[:200]}")
+        document: dict[str, Any] = json.loads(body)
+        return document
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, sig)
+        self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        self.kill(signal.SIGTERM)
+
+
+class LocalSystem:
+    def __init__(
+        self,
+        policy: Path,
+        workdir: Path,
+        *,
+        sparkgate: bool = True,
+        namespaces: tuple[str, ...] = ("spark",),
+        allocator_tick: float = 0.5,
+        allocator_log_level: str = "info",
+        **cluster_options: Any,
+    ) -> None:
+        self.policy = policy
+        self.workdir = workdir
+        self.sparkgate = sparkgate
+        self.namespaces = namespaces
+        self.allocator_tick = allocator_tick
+        self.allocator_log_level = allocator_log_level
+        self.cluster = Cluster(**cluster_options)
+        self.webhook: LocalWebhook | None = None
+        self.allocator: AllocatorProcess | None = None
+
+    def start(self) -> LocalSystem:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.cluster.start()
+            for namespace in self.namespaces:
+                self.cluster.add_namespace(namespace)
+            if self.sparkgate:
+                self.webhook = LocalWebhook(
+                    self.policy, self.workdir / "webhook", allocator_users=(DEFAULT_ALLOCATOR_USER,)
+                )
+                self.webhook.start()
+                mutating, validating = webhook_configurations(self.webhook.url, self.webhook.ca_pem)
+                self.cluster.store.create("mutatingwebhookconfigurations", mutating)
+                self.cluster.store.create("validatingwebhookconfigurations", validating)
+                self.allocator = AllocatorProcess(
+                    self.cluster,
+                    self.policy,
+                    self.workdir,
+                    tick=self.allocator_tick,
+                    log_level=self.allocator_log_level,
+                )
+                self.cluster.wait_for(
+                    lambda: lease_holder(self.cluster) is not None,
+                    timeout=60,
+                    what="the allocator to take its lease",
+                )
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.allocator is not None:
+            self.allocator.stop()
+        if self.webhook is not None:
+            self.webhook.stop()
+        self.cluster.stop()
+
+    def __enter__(self) -> LocalSystem:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
