@@ -85,6 +85,8 @@ class Scheduler:
         self.max_bind_rate = max_bind_rate
         self.clock = clock
         self.binds = 0
+        self.attempts = 0  # pods evaluated against the nodes: the scheduler's work (kube-scheduler's
+        # scheduling attempts), which grows with every unschedulable pod retried on each cluster change
         self._queue: collections.OrderedDict[Key, None] = collections.OrderedDict()
         self._unschedulable: set[Key] = set()
         self._wake = threading.Event()
@@ -140,6 +142,7 @@ class Scheduler:
                 if not schedulable(pod):
                     self._queue.pop(key, None)
                     continue
+                self.attempts += 1
                 node = self._pick(pod, free)
                 if node is None:
                     self._mark_unschedulable(key, pod)
