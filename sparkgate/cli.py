@@ -11,7 +11,13 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-COMMAND_MODULES = ("sparkgate.policy_commands", "webhook.commands", "certs.commands", "allocator.commands")
+COMMAND_MODULES = (
+    "sparkgate.policy_commands",
+    "webhook.commands",
+    "certs.commands",
+    "allocator.commands",
+    "sparkgate.demo.commands",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
