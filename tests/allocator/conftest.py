@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,84 +54,97 @@ def write_policy(
     return path
 
 
-@dataclass
 class Observer:
-    """Checks the limits after every change in the store (in flight here: released and not yet bound,
-    so `max_in_flight` of an app is also the largest number of its released pods waiting for a node),
-    and records which app each gate removal went to and which apps were waiting then."""
+    """Checks sparkgate's limits after every committed change of an executor pod (a store listener sees each
+    change in order, so this is every moment, not samples):
+    - in flight (released, phase Pending, not being deleted; bound or not) never exceeds maxPendingPerApp
+      per app, maxPendingPerNamespace per namespace, maxPendingCluster in all;
+    - released-but-unbound pods of an app never exceed `unbound_limit` (one batch: the next one is released
+      only once the previous one is bound);
+    - no gate is removed twice.
+    It also records, for each gate removal, the app and the apps that had gated pods at that moment."""
 
-    cluster: Cluster
-    per_app: int
-    per_ns: int
-    cluster_cap: int
-    batch: int
-    violations: list[str] = field(default_factory=list)
-    max_in_flight: Counter[str] = field(default_factory=Counter)
-    released: set[str] = field(default_factory=set)
-    release_order: list[tuple[str, frozenset[str]]] = field(default_factory=list)
+    def __init__(self, cluster: Cluster, per_app: int, per_ns: int, cluster_cap: int, unbound_limit: int):
+        self.per_app, self.per_ns, self.cluster_cap = per_app, per_ns, cluster_cap
+        self.unbound_limit = unbound_limit
+        self.lock = threading.Lock()
+        # uid -> (namespace, app, gated, bound, in flight)
+        self.pods: dict[str, tuple[str, str, bool, bool, bool]] = {}
+        self.bypassed: set[str] = set()  # admitted without sparkgate (no profile annotation)
+        self.phase = "start"
+        self.releases: Counter[str] = Counter()
+        self.violations: list[str] = []
+        self.max_in_flight: Counter[str] = Counter()  # by app id, "ns:<namespace>" and "cluster"
+        self.max_unbound: Counter[str] = Counter()  # by app id
+        self.release_order: list[tuple[str, frozenset[str]]] = []
+        self.unsubscribe = cluster.store.subscribe(self.on_change)
 
-    def waiting_apps(self) -> set[str]:
-        pods, _, _ = self.cluster.store.list_objects("pods", label_selector="spark-role=executor")
-        return {
-            p["metadata"]["labels"].get("spark-app-selector", "")
-            for p in pods
-            if any(g.get("name") == contract.GATE for g in p["spec"].get("schedulingGates") or [])
-            and not p["metadata"].get("deletionTimestamp")
-        }
-
-    def __post_init__(self) -> None:
-        self._gated: dict[str, bool] = {}
-        self._lock = threading.Lock()
-        self.unsubscribe = self.cluster.store.subscribe(self.on_event)
-
-    def on_event(self, kind: str, resource: str, obj: dict[str, Any]) -> None:
-        if resource != "pods":
+    def on_change(self, kind: str, resource: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if resource != "pods" or labels.get(contract.LABEL_ROLE) != contract.ROLE_EXECUTOR:
             return
-        labels = obj["metadata"].get("labels") or {}
-        if labels.get("spark-role") != "executor":
-            return
-        with self._lock:
-            uid = obj["metadata"]["uid"]
-            gated = any(g.get("name") == contract.GATE for g in obj["spec"].get("schedulingGates") or [])
-            app = (obj["metadata"]["namespace"], labels.get("spark-app-selector", ""))
-            if self._gated.get(uid) and not gated and kind != "DELETED":
-                if uid in self.released:
-                    self.violations.append(f"{obj['metadata']['name']} released twice")
-                self.released.add(uid)
-                self.release_order.append((app[1], frozenset(self.waiting_apps())))
-            self._gated[uid] = gated
-            self.check()
+        namespace, app = meta.get("namespace", ""), labels.get(contract.LABEL_APP_ID, "")
+        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+        gated = any(g.get("name") == contract.GATE for g in spec.get("schedulingGates") or ())
+        bound = bool(spec.get("nodeName"))
+        pending = (status.get("phase") or "Pending") == "Pending" and not meta.get("deletionTimestamp")
+        with self.lock:
+            old = self.pods.get(meta["uid"])
+            if contract.ANNOTATION_PROFILE not in (meta.get("annotations") or {}):
+                self.bypassed.add(meta["uid"])
+            if kind == "DELETED":
+                self.pods.pop(meta["uid"], None)
+            else:
+                self.pods[meta["uid"]] = (namespace, app, gated, bound, not gated and pending)
+            if old is not None and old[2] and not gated and kind != "DELETED":
+                self.releases[meta["uid"]] += 1
+                if self.releases[meta["uid"]] > 1:
+                    self.violations.append(f"{meta.get('name')} released twice")
+                waiting = frozenset(a for _, a, g, _, _ in self.pods.values() if g)
+                self.release_order.append((app, waiting))
+            self._check(namespace, app)
 
-    def check(self) -> None:
-        pods, _, _ = self.cluster.store.list_objects("pods", label_selector="spark-role=executor")
-        per_app: Counter[tuple[str, str]] = Counter()
-        per_ns: Counter[str] = Counter()
-        for p in pods:
-            gated = any(g.get("name") == contract.GATE for g in p["spec"].get("schedulingGates") or [])
-            if (
-                not gated
-                and not p["metadata"].get("deletionTimestamp")
-                and p["status"].get("phase") == "Pending"
-                and not p["spec"].get("nodeName")
-            ):
-                key = (p["metadata"]["namespace"], p["metadata"]["labels"].get("spark-app-selector", ""))
-                per_app[key] += 1
-                per_ns[key[0]] += 1
-        total = sum(per_app.values())
-        for key, n in per_app.items():
-            self.max_in_flight[f"app:{key[1]}"] = max(self.max_in_flight[f"app:{key[1]}"], n)
-            if n > self.per_app:
-                self.violations.append(f"app {key} has {n} unbound released pods > {self.per_app}")
-        for ns, n in per_ns.items():
-            if n > self.per_ns:
-                self.violations.append(f"namespace {ns} has {n} > {self.per_ns}")
-        self.max_in_flight["cluster"] = max(self.max_in_flight["cluster"], total)
+    def _check(self, namespace: str, app: str) -> None:
+        in_flight = sum(1 for _, a, _, _, f in self.pods.values() if a == app and f)
+        unbound = sum(1 for _, a, _, b, f in self.pods.values() if a == app and f and not b)
+        in_namespace = sum(1 for ns, _, _, _, f in self.pods.values() if ns == namespace and f)
+        total = sum(1 for *_, f in self.pods.values() if f)
+        for key, n in ((app, in_flight), (f"ns:{namespace}", in_namespace), ("cluster", total)):
+            self.max_in_flight[key] = max(self.max_in_flight[key], n)
+        self.max_unbound[app] = max(self.max_unbound[app], unbound)
+        if in_flight > self.per_app:
+            self.violations.append(f"{self.phase}: app {app}: {in_flight} in flight > {self.per_app}")
+        if in_namespace > self.per_ns:
+            bypassed = sum(1 for uid, p in self.pods.items() if p[4] and uid in self.bypassed)
+            self.violations.append(
+                f"{self.phase}: namespace {namespace}: {in_namespace} in flight > {self.per_ns} "
+                f"({bypassed} bypassed)"
+            )
         if total > self.cluster_cap:
-            self.violations.append(f"cluster has {total} > {self.cluster_cap}")
+            self.violations.append(f"{self.phase}: cluster: {total} in flight > {self.cluster_cap}")
+        if unbound > self.unbound_limit:
+            self.violations.append(
+                f"{self.phase}: app {app}: {unbound} released and unbound > {self.unbound_limit}"
+            )
 
 
 @pytest.fixture
-def system(tmp_path: Path) -> Iterator[Any]:
+def observe() -> Iterator[Any]:
+    """observe(cluster, per_app, per_ns, cluster_cap, unbound_limit) -> an Observer, unsubscribed after."""
+    observers: list[Observer] = []
+
+    def make(*args: Any) -> Observer:
+        observers.append(Observer(*args))
+        return observers[-1]
+
+    yield make
+    for observer in observers:
+        observer.unsubscribe()
+
+
+@pytest.fixture
+def system(tmp_path: Path, observe: Any) -> Iterator[Any]:
     """Build on demand: system(policy=..., nodes=...) -> (cluster, webhook, [allocators], observer)."""
     resources: list[LocalSystem] = []
 
@@ -158,7 +170,7 @@ def system(tmp_path: Path) -> Iterator[Any]:
         )
         resources.append(system.start())
         assert system.webhook is not None and system.allocator is not None
-        observer = Observer(
+        observer = observe(
             system.cluster,
             policy.get("per_app", 20),
             policy.get("per_ns", 200),

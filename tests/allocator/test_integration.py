@@ -52,7 +52,7 @@ def test_one_app_100_executors_batch_10_pending_20_room_for_50(system: Any) -> N
     cluster.wait_for(settled, timeout=90, what="50 running, one unschedulable batch, the rest gated")
     assert 1 <= app()["inFlight"] <= 10 and gated(cluster, driver.app_id) == app()["gated"] >= 40
     assert observer.violations == []
-    assert observer.max_in_flight[f"app:{driver.app_id}"] <= 20
+    assert observer.max_in_flight[driver.app_id] <= 20 and observer.max_unbound[driver.app_id] <= 10
     assert app()["profile"] == "spark"
     assert app()["limits"]["batchSize"] == 10 and app()["limits"]["maxPendingPerApp"] == 20
     driver.scale_to(40)
@@ -130,8 +130,8 @@ def test_annotations_lower_a_limit_and_are_clamped_to_the_caps(system: Any) -> N
     assert apps[high.app_id]["limits"] == {"batchSize": 12, "batchDelaySeconds": 0.1, "maxPendingPerApp": 7}
     # A batch is released only once the previous one is bound: at most one batch is ever unbound.
     assert observer.violations == []
-    assert observer.max_in_flight[f"app:{low.app_id}"] <= 2
-    assert observer.max_in_flight[f"app:{high.app_id}"] <= 7
+    assert observer.max_unbound[low.app_id] <= 2
+    assert observer.max_in_flight[high.app_id] <= 7
 
 
 def test_a_pod_admitted_while_the_webhook_was_down_is_counted_and_reported(system: Any) -> None:

@@ -13,8 +13,6 @@ And at the end: every executor of a live app was released and runs, each gate re
 from __future__ import annotations
 
 import signal
-import threading
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,74 +44,15 @@ profiles:
 """
 
 
-class StrictObserver:
-    """Checks the limits after every committed change of an executor pod."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        self.lock = threading.Lock()
-        self.pods: dict[str, tuple[str, bool, bool, bool]] = {}  # uid -> (app, gated, bound, in flight)
-        self.bypassed: set[str] = set()  # uids admitted without sparkgate (no profile annotation)
-        self.phase = "start"
-        self.app_ns: dict[str, str] = {}
-        self.releases: Counter[str] = Counter()  # uid -> gate removals seen
-        self.violations: list[str] = []
-        self.max_unbound: Counter[str] = Counter()
-        self.max_in_flight: Counter[str] = Counter()
-        self.unbound_limit = BATCH
-        self.unsubscribe = cluster.store.subscribe(self.on_change)
-
-    def on_change(self, kind: str, resource: str, obj: dict[str, Any]) -> None:
-        meta = obj.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        if resource != "pods" or labels.get(contract.LABEL_ROLE) != contract.ROLE_EXECUTOR:
-            return
-        app = labels.get(contract.LABEL_APP_ID, "")
-        spec, status = obj.get("spec") or {}, obj.get("status") or {}
-        gated = any(g.get("name") == contract.GATE for g in spec.get("schedulingGates") or ())
-        bound = bool(spec.get("nodeName"))
-        pending = (status.get("phase") or "Pending") == "Pending" and not meta.get("deletionTimestamp")
-        with self.lock:
-            self.app_ns[app] = meta.get("namespace", "")
-            old = self.pods.get(meta["uid"])
-            if old is not None and old[1] and not gated:
-                self.releases[meta["uid"]] += 1
-            if contract.ANNOTATION_PROFILE not in (meta.get("annotations") or {}):
-                self.bypassed.add(meta["uid"])
-            if kind == "DELETED":
-                self.pods.pop(meta["uid"], None)
-            else:
-                self.pods[meta["uid"]] = (app, gated, bound, not gated and pending)
-            self._check(app)
-
-    def _check(self, app: str) -> None:
-        in_flight = sum(1 for a, _, _, f in self.pods.values() if a == app and f)
-        unbound = sum(1 for a, _, b, f in self.pods.values() if a == app and f and not b)
-        namespace = self.app_ns[app]
-        ns_in_flight = sum(1 for a, _, _, f in self.pods.values() if f and self.app_ns.get(a) == namespace)
-        self.max_in_flight[app] = max(self.max_in_flight[app], in_flight)
-        self.max_unbound[app] = max(self.max_unbound[app], unbound)
-        if in_flight > PER_APP:
-            self.violations.append(f"app {app}: {in_flight} in flight > {PER_APP}")
-        if ns_in_flight > PER_NS:
-            bypassed = sum(1 for uid, (_, _, _, f) in self.pods.items() if f and uid in self.bypassed)
-            self.violations.append(
-                f"{self.phase}: namespace {namespace}: {ns_in_flight} in flight > {PER_NS} ({bypassed} bypassed)"
-            )
-        if unbound > self.unbound_limit:
-            self.violations.append(f"app {app}: {unbound} released and unbound > {self.unbound_limit}")
-
-    def released_twice(self) -> list[str]:
-        with self.lock:
-            return [uid for uid, n in self.releases.items() if n > 1]
-
-
 class World:
-    def __init__(self, cluster: Cluster, webhook: LocalWebhook, policy: Path, workdir: Path) -> None:
+    def __init__(
+        self, cluster: Cluster, webhook: LocalWebhook, policy: Path, workdir: Path, observer: Any
+    ) -> None:
         self.cluster = cluster
         self.webhook = webhook
         self.policy = policy
         self.workdir = workdir
-        self.observer = StrictObserver(cluster)
+        self.observer = observer
         self.allocators: list[AllocatorProcess] = []
 
     def allocator(self, identity: str) -> AllocatorProcess:
@@ -147,7 +86,7 @@ class World:
 
 
 @pytest.fixture
-def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, observe: Any) -> Iterator[World]:
     # kubesim answers headers and body in two send()s without TCP_NODELAY: ~40 ms per request (Nagle and
     # delayed ACK). Not what is under test here; switched off for this test's cluster only.
     monkeypatch.setattr(kubesim.apiserver._Handler, "disable_nagle_algorithm", True, raising=False)
@@ -161,11 +100,10 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
         mutating, validating = webhook_configurations(webhook.url, webhook.ca_pem)
         cluster.store.create("mutatingwebhookconfigurations", mutating)
         cluster.store.create("validatingwebhookconfigurations", validating)
-        w = World(cluster, webhook, policy, tmp_path)
+        w = World(cluster, webhook, policy, tmp_path, observe(cluster, PER_APP, PER_NS, 100, BATCH))
         try:
             yield w
         finally:
-            w.observer.unsubscribe()
             for allocator in w.allocators:
                 allocator.kill(signal.SIGTERM)
 
@@ -205,7 +143,7 @@ def test_kill_9_mid_ramp_then_a_new_allocator_finishes_within_the_limits(world: 
         what="all 80 executors running",
     )
     assert world.observer.violations == [], world.logs()
-    assert world.observer.released_twice() == []
+    assert not any(n > 1 for n in world.observer.releases.values())
     assert all(world.observer.max_in_flight[d.app_id] <= PER_APP for d in drivers)
 
 
@@ -238,7 +176,7 @@ def test_api_faults_and_a_leader_hand_over_keep_the_limits(world: World) -> None
     )
     assert second.process.poll() is None
     assert world.observer.violations == [], world.logs()
-    assert world.observer.released_twice() == []
+    assert not any(n > 1 for n in world.observer.releases.values())
 
 
 def test_a_conflicting_gate_removal_is_re_decided_not_lost(world: World) -> None:
