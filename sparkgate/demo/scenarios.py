@@ -109,7 +109,7 @@ SCENARIOS = {
             nodes=4,
             executors_per_node=8,
             apps=(
-                AppSpec("shrinking", 60, 0.0, 4.0, spark_batch=20, scale_to=(5.0, 16)),
+                AppSpec("shrinking", 60, 0.0, 8.0, spark_batch=20, scale_to=(2.0, 16)),
                 AppSpec("steady-a", 16, 1.0, 4.0),
                 AppSpec("steady-b", 16, 2.0, 4.0),
             ),
