@@ -167,6 +167,9 @@ def test_driver_pod_deleted_removes_executors_and_config_maps_and_the_app_is_fin
         )[0]
 
     cluster.wait_for(lambda: running(cluster, driver.app_id) >= 4 and len(copies()) == 1, timeout=60)
+    cluster.wait_for(
+        lambda: f'app="{driver.app_id}"' in allocator.get("/metrics")[1], timeout=10, what="per-app series"
+    )
     copy = copies()[0]
     assert copy["immutable"] is True and copy["data"] == {"log4j2.properties": "rootLogger.level = warn"}
     assert copy["metadata"]["ownerReferences"][0]["name"] == "short-driver"
@@ -183,6 +186,12 @@ def test_driver_pod_deleted_removes_executors_and_config_maps_and_the_app_is_fin
     cluster.wait_for(
         lambda: any(a["finished"] for a in allocator.apps()["apps"]) or not allocator.apps()["apps"],
         timeout=30,
+    )
+    # Per-app series go with the app: the metric's cardinality follows the live apps, not history.
+    cluster.wait_for(
+        lambda: driver.app_id not in allocator.get("/metrics")[1],
+        timeout=30,
+        what="the app's series gone from /metrics",
     )
 
 
