@@ -1,0 +1,130 @@
+"""Every benchmark at its smoke size, as `python -m bench.<name> --smoke` runs it, so the scripts cannot rot.
+
+Benchmarks are not tests: nothing here checks a timing, only that each run completes, writes its result
+document with the keys docs/performance.md reports, and that the figures are sane (positive rates, counts that
+add up, latencies that are finite). The four runs are started together (they are independent processes on
+loopback ports of their own) and awaited, to keep the whole file well under a minute.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCHMARKS = ("admission", "scale", "refill", "value")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[int, str, dict[str, Any]]]]:
+    """name -> (exit code, output, result document) of each smoke run."""
+    out = tmp_path_factory.mktemp("bench")
+    env = {**os.environ, "TMPDIR": str(out)}
+    running = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", f"bench.{name}", "--smoke", "--out", str(out)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for name in BENCHMARKS
+        if name != "admission" or shutil.which("wrk")
+    }
+    found: dict[str, tuple[int, str, dict[str, Any]]] = {}
+    try:
+        for name, process in running.items():
+            output, _ = process.communicate(timeout=240)
+            path = out / f"{name}.json"
+            found[name] = (process.returncode, output, json.loads(path.read_text()) if path.exists() else {})
+    finally:
+        for process in running.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    yield found
+
+
+def finished(results: dict[str, tuple[int, str, dict[str, Any]]], name: str) -> dict[str, Any]:
+    if name not in results:
+        pytest.skip(f"{name}: a tool it needs is not installed")
+    code, output, document = results[name]
+    assert code == 0, output[-3000:]
+    assert document["benchmark"] == name and document["smoke"] is True, output[-3000:]
+    assert {"machine", "seconds", "started_at"} <= document.keys()
+    assert document["machine"]["python"] and document["machine"]["cpus"] >= 1
+    assert "benchmark" in output and name in output  # the table was printed
+    return document
+
+
+def positive(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+def test_admission(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
+    document = finished(results, "admission")
+    summary = document["summary"]
+    for key in ("saturated_keepalive", "saturated_no_keepalive"):
+        entry = summary[key]
+        assert positive(entry["webhook_rps"]) and positive(entry["floor_rps"]) and positive(entry["ratio"])
+        assert positive(entry["webhook_server_cpu_us_per_request"]) and entry["errors"] == 0
+    for key in ("at_rate_keepalive", "at_rate_no_keepalive"):
+        entry = summary[key]
+        for server in ("webhook", "floor"):
+            assert 0 < entry[server]["p50"] <= entry[server]["p99"]
+            assert positive(entry[server]["achieved_rps"])
+        assert entry["errors"] == 0
+    assert document["config"]["webhook_patch_base64_bytes"] > 0  # the webhook did patch; the floor did not
+    assert len(document["rounds"]) == document["config"]["rounds"] == 1
+
+
+def test_scale(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
+    document = finished(results, "scale")
+    config, memory = document["config"], document["memory"]
+    pods = config["pods"]
+    for mode in ("loop", "every_event"):
+        timed = document[mode]
+        assert timed["tracked_pods_at_peak"] == pods and timed["all_running_at_peak"] is True
+        # Every pod created, released, bound, started, marked and deleted; every driver added, finished, deleted.
+        assert timed["events"] == 6 * pods + 3 * config["apps"]
+        assert timed["left_after_teardown"] == 0 and timed["deletions_seen"] == pods
+        assert positive(timed["events_per_second"]) and timed["tick_ms"]["count"] >= 1
+        assert 0 < timed["decision_per_step_ms"]["p50"] <= timed["decision_per_step_ms"]["p99"]
+        assert math.isclose(sum(timed["share_of_time"].values()), 1.0, abs_tol=0.01)
+    assert document["loop"]["steps"] < document["every_event"]["steps"] == document["every_event"]["events"]
+    assert memory["tracked_pods"] == pods and positive(memory["bytes_per_pod"])
+
+
+def test_refill(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
+    document = finished(results, "refill")
+    refill = document["refill"]
+    assert refill["released"] == refill["executors"] > 0
+    assert (
+        refill["refill_ms"]["count"] > 0 and 0 < refill["refill_ms"]["median"] <= refill["refill_ms"]["p99"]
+    )
+    assert refill["pod_writes_per_released_executor"] >= 1.0  # at least the gate removal itself
+    assert refill["requests_by_verb"]["patch pods"] == refill["released"]
+    (ramp,) = document["ramp_up"]
+    assert sum(ramp["batch_sizes"]) == ramp["executors"] and max(ramp["batch_sizes"]) <= ramp["batch"]
+    assert ramp["batches"] >= -(-ramp["executors"] // ramp["batch"])
+    assert ramp["first_to_last_release_s"] >= ramp["policy_minimum_s"] > 0
+
+
+def test_value(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
+    document = finished(results, "value")
+    (comparison,) = document["comparisons"]
+    peak = comparison["peak_unscheduled"]
+    assert peak["without"] > peak["cap"] >= peak["with"] > 0
+    assert comparison["api_requests"]["total_with"] > 0 and comparison["api_requests"]["total_without"] > 0
+    assert comparison["scheduling_attempts"]["with"] < comparison["scheduling_attempts"]["without"]
+    assert set(comparison["completion_after_submission_s"]["with"]) == {"a", "b", "c"}
