@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 from collections import Counter
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from sparkgate import contract
 from sparkgate.contract import AppKey
@@ -65,14 +65,76 @@ class Decision:
     limit_hits: Counter[str] = field(default_factory=Counter)  # by scope: app, namespace, cluster
 
 
+class _InFlightPerView:
+    """Pods in flight per app view, remembered by the view's identity for the next snapshot.
+
+    The cache hands out the same AppView object until the app changes, so a decision counts the pods of the
+    apps that changed since the last one instead of every pod of every app: with 10,000 pods tracked, that
+    count was most of the time of a one-app decision (bench/scale.py). Views are immutable and each entry
+    holds its view, so an identity match is always the right count; only the last snapshot's views are kept
+    (the objects the cache holds anyway).
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[AppKey, tuple[AppView, int]] = {}
+
+    def per_namespace(self, snapshot: Snapshot) -> Counter[str]:
+        last, current = self._last, {}
+        per_namespace: Counter[str] = Counter()
+        for key, view in snapshot.apps.items():
+            known = last.get(key)
+            if known is None or known[0] is not view:
+                known = (view, sum(1 for p in view.pods if p.in_flight))
+            current[key] = known
+            if known[1]:
+                per_namespace[key.namespace] += known[1]
+        self._last = current
+        return per_namespace
+
+
+_in_flight = _InFlightPerView()
+
+
 def in_flight_counts(snapshot: Snapshot) -> tuple[Counter[str], int]:
     """Pods in flight per namespace and in the whole cluster."""
-    per_namespace: Counter[str] = Counter()
-    for key, app in snapshot.apps.items():
-        n = sum(1 for p in app.pods if p.in_flight)
-        if n:
-            per_namespace[key.namespace] += n
+    per_namespace = _in_flight.per_namespace(snapshot)
     return per_namespace, sum(per_namespace.values())
+
+
+class _Budgets:
+    """The in-flight counts of one decision, taken when it first needs them (most decisions stop before the
+    limits: nothing gated, previous batch unbound, batch delay) and kept up to date with its releases."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot
+        self._counts: tuple[Counter[str], int] | None = None
+
+    def _get(self) -> tuple[Counter[str], int]:
+        if self._counts is None:
+            self._counts = in_flight_counts(self._snapshot)
+        return self._counts
+
+    def namespace(self, namespace: str) -> int:
+        return self._get()[0][namespace]
+
+    def cluster(self) -> int:
+        return self._get()[1]
+
+    def released(self, namespace: str) -> None:
+        per_namespace, total = self._get()
+        per_namespace[namespace] += 1
+        self._counts = per_namespace, total + 1
+
+
+def _copy_memory(memory: AppMemory) -> AppMemory:
+    """A copy this decision may change without touching the caller's: its mutable containers are copied, the
+    rest is immutable. (copy.deepcopy took as long as the rest of a one-app decision, bench/scale.py.)"""
+    copied = copy.copy(memory)
+    for f in fields(memory):
+        value = getattr(memory, f.name)
+        if isinstance(value, set | dict | list):
+            setattr(copied, f.name, copy.copy(value))
+    return copied
 
 
 def _order(pod: PodRecord) -> tuple[int, int, str]:
@@ -87,8 +149,8 @@ def decide(
     apps: Collection[AppKey] | None = None,
 ) -> Decision:
     keys = list(snapshot.apps) if apps is None else [k for k in apps if k in snapshot.apps]
-    per_namespace, total = in_flight_counts(snapshot)
-    new_memory = {k: copy.deepcopy(memory[k]) if k in memory else AppMemory() for k in keys}
+    budgets = _Budgets(snapshot)
+    new_memory = {k: _copy_memory(memory[k]) if k in memory else AppMemory() for k in keys}
     keys.sort(
         key=lambda k: (new_memory[k].waiting_since if new_memory[k].waiting_since is not None else now, k)
     )
@@ -150,13 +212,12 @@ def decide(
             else:
                 gated.append(pod)
         waiting, released = _release(
-            key, app, gated, profile, allocation, policy, snapshot, mem, now, per_namespace, total, hits
+            key, app, gated, profile, allocation, policy, snapshot, mem, now, budgets, hits
         )
         for action in released:
             actions.append(action)
             if isinstance(action, Release):
-                per_namespace[key.namespace] += 1
-                total += 1
+                budgets.released(key.namespace)
         if waiting is not None and gated:
             scope, message = waiting
             type_ = "Warning" if scope == "source" else "Normal"
@@ -180,8 +241,7 @@ def _release(
     snapshot: Snapshot,
     mem: AppMemory,
     now: float,
-    per_namespace: Counter[str],
-    total: int,
+    budgets: _Budgets,
     hits: Counter[str],
 ) -> tuple[tuple[str, str] | None, list[Action]]:
     """((scope, why) the remaining gated pods wait, or None; the actions that release a batch)."""
@@ -210,14 +270,15 @@ def _release(
     if mem.last_release_at is not None and now - mem.last_release_at < allocation.batch_delay_seconds:
         return ("delay", f"app {key}: batch delay of {allocation.batch_delay_seconds:g}s"), []
     in_flight = sum(1 for p in app.pods if p.in_flight)
+    in_namespace, total = budgets.namespace(key.namespace), budgets.cluster()
     rooms = {
         "app": (
             max(0, allocation.max_pending_per_app - in_flight),
             f"app {key} has {in_flight}/{allocation.max_pending_per_app} pods in flight",
         ),
         "namespace": (
-            max(0, policy.max_pending_per_namespace - per_namespace[key.namespace]),
-            f"namespace {key.namespace} has {per_namespace[key.namespace]}/{policy.max_pending_per_namespace} pods in flight",
+            max(0, policy.max_pending_per_namespace - in_namespace),
+            f"namespace {key.namespace} has {in_namespace}/{policy.max_pending_per_namespace} pods in flight",
         ),
         "cluster": (
             max(0, policy.max_pending_cluster - total),
