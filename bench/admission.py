@@ -12,7 +12,7 @@ back; the summary holds the medians and the median of the per-round ratios.
 
 Targets (issue 7): throughput >= 0.85 x the floor; p99 <= 10 ms at 300 admissions/s with keep-alive.
 
-    python -m bench.admission [--rounds 5] [--duration 5] [--rate 300] [--smoke]
+    python -m bench.admission [--rounds 7] [--duration 3] [--paced-duration 5] [--rate 300] [--smoke]
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ P99_TARGET_MS = 10.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rounds", type=int, default=5, help="rounds of every measurement, back to back")
-    parser.add_argument("--duration", type=int, default=5, help="seconds of each wrk and paced run")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds of every measurement, back to back")
+    parser.add_argument("--duration", type=int, default=3, help="seconds of each wrk run")
+    parser.add_argument("--paced-duration", type=float, default=5.0, help="seconds of each fixed-rate run")
     parser.add_argument("--rate", type=float, default=300.0, help="offered rate of the latency runs, per s")
     parser.add_argument("--connections", type=int, default=8, help="wrk's connections (saturated runs)")
     parser.add_argument("--workers", type=int, default=1, help="gunicorn workers of both servers")
@@ -153,9 +154,9 @@ def check_answers(webhook: LocalWebhook, floor: LocalWebhook, body: bytes) -> di
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed (make tools, or apt-get install wrk)")
-    rounds, duration, rate = args.rounds, args.duration, args.rate
+    rounds, duration, paced_duration, rate = args.rounds, args.duration, args.paced_duration, args.rate
     if args.smoke:
-        rounds, duration, rate = 1, 1, 50.0
+        rounds, duration, paced_duration, rate = 1, 1, 1.0, 50.0
     available = common.cpus()
     server_cpus = {available[0]} if len(available) >= 2 else None
     client_cpu = available[1] if len(available) >= 2 else None
@@ -187,21 +188,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for n in range(rounds):
                 order = ("floor", "webhook") if n % 2 == 0 else ("webhook", "floor")
                 this: dict[str, dict[str, Any]] = {name: {} for name in order}
-                for name in order:
-                    for keepalive in (True, False):
+                # The two servers of a comparison run one right after the other.
+                for keepalive in (True, False):
+                    for name in order:
                         key = "saturated_" + ("keepalive" if keepalive else "no_keepalive")
                         this[name][key] = wrk(
                             servers[name], paths, keepalive=keepalive, duration=duration,
                             connections=args.connections, cpu=client_cpu,
                         )  # fmt: skip
-                for name in order:
-                    for keepalive in (True, False):
+                for keepalive in (True, False):
+                    for name in order:
                         key = "at_rate_" + ("keepalive" if keepalive else "no_keepalive")
                         this[name][key] = at_rate(
                             servers[name],
                             bodies,
                             rate=rate,
-                            duration=duration,
+                            duration=paced_duration,
                             keepalive=keepalive,
                             cpu=client_cpu,
                         )
@@ -213,7 +215,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "config": {
             "rounds": rounds,
-            "seconds_per_run": duration,
+            "seconds_per_wrk_run": duration,
+            "seconds_per_paced_run": paced_duration,
             "offered_rate": rate,
             "wrk_connections": args.connections,
             "gunicorn_workers": args.workers,

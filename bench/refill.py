@@ -12,7 +12,9 @@ Two runs:
   measured is the allocator's reaction, not a configured pace. Refill latency, per app, runs from the last
   event that could have unblocked the app (a bind, which completes the previous batch, or a start, which frees
   an in-flight slot) to the first gate removal after it; a release that follows the creation of a gated pod
-  (room was already there) is reported apart. Requests are counted per verb for the allocator's user.
+  (room was already there) is reported apart. The refills are also split by whether the allocator was busy
+  sending another app's PATCHes meanwhile (it sends a step's PATCHes one after the other). Requests are
+  counted per verb for the allocator's user.
 - ramp-up: one app of N = 200 executors, batchSize 20, batchDelaySeconds 1 (maxPendingPerApp does not bind).
   The policy's own minimum from the first release to the last is (N / batch - 1) x batchDelaySeconds; the
   measured time is compared with it, with the allocator's production tick (1 s) and with a fast one.
@@ -92,12 +94,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 class Timeline:
     """Per-app creation/bind/start/release times, recorded by a store listener."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
         self.lock = threading.Lock()
         self.state: dict[tuple[str, str], tuple[bool, bool, bool]] = {}  # (gated, bound, running)
         self.trigger: dict[str, tuple[str, float]] = {}  # app -> (kind, time) since its last release
         self.latencies: dict[str, list[float]] = collections.defaultdict(list)  # trigger kind -> seconds
+        self.refills: list[tuple[str, float, float, str]] = []  # (trigger kind, trigger at, released at, app)
+        self.app_of: dict[tuple[str, str], str] = {}  # (namespace, pod) -> app
         self.releases: dict[str, list[float]] = collections.defaultdict(list)  # app -> times of removals
         self.created: dict[str, list[float]] = collections.defaultdict(list)
         self.running: dict[str, list[float]] = collections.defaultdict(list)
@@ -117,6 +121,7 @@ class Timeline:
         running = (obj.get("status") or {}).get("phase") == "Running"
         key = (meta.get("namespace", ""), meta.get("name", ""))
         with self.lock:
+            self.app_of[key] = app
             if key not in self.state:
                 self.created[app].append(now)
                 if gated:
@@ -135,6 +140,7 @@ class Timeline:
                 # patches.
                 if trigger is not None:
                     self.latencies[trigger[0]].append(now - trigger[1])
+                    self.refills.append((trigger[0], trigger[1], now, app))
 
     def released(self) -> int:
         with self.lock:
@@ -147,14 +153,23 @@ def _policy(workdir: Path, *, batch: int, delay: float, pending: int, cluster_pe
     return path
 
 
-def _ms(values: list[float]) -> dict[str, float]:
+def _ms(values: list[float]) -> dict[str, float | None]:
+    """count, median, p99 and max in milliseconds (None when there are no values)."""
     ms = [v * 1000 for v in values]
+    if not ms:
+        return {"count": 0, "median": None, "p99": None, "max": None}
     return {
         "count": len(ms),
-        "median": round(statistics.median(ms), 2) if ms else float("nan"),
+        "median": round(statistics.median(ms), 2),
         "p99": round(common.percentile(ms, 0.99), 2),
-        "max": round(max(ms, default=float("nan")), 2),
+        "max": round(max(ms), 2),
     }
+
+
+def _median_p99(figures: dict[str, Any]) -> str:
+    if not figures["count"]:
+        return "none"
+    return f"{figures['median']:.1f} / {figures['p99']:.1f} ms (n={figures['count']})"
 
 
 def measure(
@@ -275,6 +290,24 @@ def refill_run(args: argparse.Namespace) -> dict[str, Any]:
         result[f"refill_after_{kind}_ms"] = _ms(values)
     unblocked = timeline.latencies.get("bind", []) + timeline.latencies.get("start", [])
     result["refill_ms"] = _ms(unblocked)
+    # The allocator sends a step's PATCHes one after the other: a slot freed in one app while it releases
+    # another app's batch waits for that batch. Split the refills by whether that happened.
+    patches = sorted(
+        (e.time, timeline.app_of.get((e.namespace or "", e.name or ""), ""))
+        for e in requests
+        if e.verb == "patch" and e.resource == "pods"
+    )
+    behind: list[float] = []
+    alone: list[float] = []
+    for kind, triggered, released_at, app in timeline.refills:
+        if kind == "create":
+            continue
+        waited = any(triggered < t < released_at and other != app for t, other in patches)
+        (behind if waited else alone).append(released_at - triggered)
+    result["refill_ms_actor_idle"] = _ms(alone)
+    result["refill_ms_behind_other_apps_patches"] = _ms(behind)
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(patches) if b[0] - a[0] < 0.1]
+    result["allocator_patch_interval_ms"] = _ms(gaps)
     return result
 
 
@@ -345,13 +378,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def rows(result: dict[str, Any]) -> list[Row]:
     r = result["refill"]
+    p99 = r["refill_ms"]["p99"]
     out = [
         Row(
             "refill after bind/start median / p99",
-            f"{r['refill_ms']['median']:.1f} / {r['refill_ms']['p99']:.1f} ms (n={r['refill_ms']['count']})",
+            _median_p99(r["refill_ms"]),
             f"p99 <= {REFILL_P99_TARGET_MS:g} ms",
-            r["refill_ms"]["p99"] <= REFILL_P99_TARGET_MS,
+            p99 is not None and p99 <= REFILL_P99_TARGET_MS,
         ),
+        Row("  with the allocator's actor idle", _median_p99(r["refill_ms_actor_idle"])),
+        Row("  behind another app's PATCHes", _median_p99(r["refill_ms_behind_other_apps_patches"])),
+        Row("allocator PATCH interval median", f"{r['allocator_patch_interval_ms']['median'] or 0:.1f} ms"),
         Row(
             "pod writes per released executor",
             f"{r['pod_writes_per_released_executor']:.3f}",
@@ -369,7 +406,8 @@ def rows(result: dict[str, Any]) -> list[Row]:
             Row(
                 f"ramp-up {ramp['executors']} by {ramp['batch']}, tick {ramp['allocator_tick_s']:g}s",
                 f"{ramp['first_to_last_release_s']:.2f} s vs minimum {ramp['policy_minimum_s']:.2f} s"
-                f" (x{ramp['ratio_to_minimum']:.3f})",
+                f" (x{ramp['ratio_to_minimum']:.3f}; {ramp['batches']} batches, the first of"
+                f" {ramp['batch_sizes'][0]})",
                 f"<= x{RAMP_RATIO_TARGET}",
                 ramp["ratio_to_minimum"] is not None and ramp["ratio_to_minimum"] <= RAMP_RATIO_TARGET,
             )

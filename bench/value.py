@@ -7,7 +7,7 @@ attempts, API requests (by the drivers, by sparkgate, in all) and completion tim
 with/without. The demo is run as a command, as a user runs it, so this benchmark follows the demo as it
 changes; a failed run is reported with the demo's output, not hidden.
 
-    python -m bench.value [--scenario large] [--rounds 1] [--smoke]
+    python -m bench.value [--scenario large] [--rounds 3] [--smoke]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ NAME = "value"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", default="large", help="a `sparkgate demo --list` scenario")
-    parser.add_argument("--rounds", type=int, default=1, help="demo runs (each is without, then with)")
+    parser.add_argument("--rounds", type=int, default=3, help="demo runs (each is without, then with)")
     parser.add_argument("--duration", type=float, help="bound of each run, seconds (default: the scenario's)")
 
 
@@ -72,9 +72,17 @@ def compare(report: dict[str, Any]) -> dict[str, Any]:
     def ratio(a: float | None, b: float | None) -> float | None:
         return round(a / b, 3) if a is not None and b else None
 
+    def last(run: dict[str, Any]) -> float | None:
+        """When the last app completed, from the start of the run (None if one did not)."""
+        ends = [
+            app["submitted_s"] + app["complete_after_s"]
+            for app in run["apps"].values()
+            if app["complete_after_s"] is not None
+        ]
+        return round(max(ends), 2) if ends and len(ends) == len(run["apps"]) else None
+
     done_without, done_with = completion(without), completion(with_)
-    last_without = max((v for v in done_without.values() if v is not None), default=None)
-    last_with = max((v for v in done_with.values() if v is not None), default=None)
+    last_without, last_with = last(without), last(with_)
     return {
         "peak_unscheduled": {
             "without": without["peak_unscheduled_executor_pods"],
@@ -124,6 +132,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return round(median(values), 3) if values else None
 
     first = reports[0]
+    summary: dict[str, Any] = {}
+    for figure, get in (
+        ("peak_unscheduled", lambda c: c["peak_unscheduled"]),
+        ("scheduling_attempts", lambda c: c["scheduling_attempts"]),
+        ("all_complete_after_s", lambda c: c["all_complete_after_s"]),
+    ):
+        summary[figure] = {
+            side: med(lambda c, get=get, side=side: get(c)[side]) for side in ("without", "with", "ratio")
+        }
+    summary["api_requests"] = {
+        "without": med(lambda c: c["api_requests"]["total_without"]),
+        "with": med(lambda c: c["api_requests"]["total_with"]),
+        "ratio": med(lambda c: c["api_requests"]["ratio"]),
+    }
+    summary["peak_gated_with"] = med(lambda c: c["peak_gated_with"])
+    summary["every_app_complete_with"] = all(c["complete"]["with"] for c in comparisons)
     return {
         "scenario": scenario,
         "description": first.get("description"),
@@ -131,50 +155,46 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cap": first.get("cap"),
         "source": "python -m sparkgate.cli demo --scenario NAME --no-live --json FILE (sparkgate/demo/)",
         "rounds": rounds,
-        "summary": {
-            "peak_unscheduled_ratio": med(lambda c: c["peak_unscheduled"]["ratio"]),
-            "scheduling_attempts_ratio": med(lambda c: c["scheduling_attempts"]["ratio"]),
-            "api_requests_ratio": med(lambda c: c["api_requests"]["ratio"]),
-            "all_complete_ratio": med(lambda c: c["all_complete_after_s"]["ratio"]),
-        },
+        "summary": summary,
         "comparisons": comparisons,
         "reports": reports,
     }
 
 
 def rows(result: dict[str, Any]) -> list[Row]:
-    c = result["comparisons"][0]
     s = result["summary"]
-    peak, attempts, api = c["peak_unscheduled"], c["scheduling_attempts"], c["api_requests"]
-    done = c["all_complete_after_s"]
+    peak, attempts, api, done = (
+        s["peak_unscheduled"],
+        s["scheduling_attempts"],
+        s["api_requests"],
+        s["all_complete_after_s"],
+    )
+    cap = result["cap"]
 
-    def x(value: float | None) -> str:
-        return "n/a" if value is None else f"x{value:.3f}"
+    def side_by_side(figure: dict[str, Any], unit: str = "", digits: int = 0) -> str:
+        def one(value: float | None) -> str:
+            return "n/a" if value is None else f"{value:,.{digits}f}{unit}"
 
-    def sec(value: float | None) -> str:
-        return "n/a" if value is None else f"{value:.1f} s"
+        ratio = "n/a" if figure["ratio"] is None else f"x{figure['ratio']:.3f}"
+        return f"{one(figure['without'])} / {one(figure['with'])} ({ratio})"
 
+    rounds = f"median of {result['rounds']}" if result["rounds"] > 1 else "one run"
     return [
-        Row("scenario", f"{result['scenario']}: {result['description']}"),
+        Row("scenario", f"{result['scenario']}: {result['description']} ({rounds})"),
         Row(
             "peak unscheduled executor pods (without / with)",
-            f"{peak['without']} / {peak['with']} (cap {peak['cap']}, {x(s['peak_unscheduled_ratio'])})",
+            side_by_side(peak) + f", cap {cap}",
             "<= cap",
-            peak["cap"] is not None and peak["with"] <= peak["cap"],
+            peak["with"] is not None and cap is not None and peak["with"] <= cap,
         ),
+        Row("peak gated executor pods (with)", f"{s['peak_gated_with'] or 0:,.0f}"),
+        Row("scheduling attempts (without / with)", side_by_side(attempts)),
+        Row("API requests, all clients (without / with)", side_by_side(api)),
         Row(
-            "scheduling attempts (without / with)",
-            f"{attempts['without']:,} / {attempts['with']:,} ({x(s['scheduling_attempts_ratio'])})",
-        ),
-        Row(
-            "API requests, all clients (without / with)",
-            f"{api['total_without']:,} / {api['total_with']:,} ({x(s['api_requests_ratio'])})",
-        ),
-        Row(
-            "all apps complete after (without / with)",
-            f"{sec(done['without'])} / {sec(done['with'])} ({x(s['all_complete_ratio'])})",
-            "",
-            c["complete"]["with"],
+            "last app complete after (without / with)",
+            side_by_side(done, " s", 1),
+            "every app",
+            s["every_app_complete_with"],
         ),
     ]
 
