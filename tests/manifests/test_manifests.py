@@ -27,6 +27,7 @@ OVERLAYS = sorted(p.parent for p in (MANIFESTS / "overlays").glob("*/kustomizati
 VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 CRDS = {
     "ServiceMonitor": ("monitoring.coreos.com/v1", {"selector", "endpoints"}),
+    "PrometheusRule": ("monitoring.coreos.com/v1", {"groups"}),
     "Certificate": ("cert-manager.io/v1", {"secretName", "issuerRef"}),
     "Issuer": ("cert-manager.io/v1", set()),
 }
