@@ -212,6 +212,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             for server in servers.values():
                 server.stop()
+        # gunicorn's arbiter kills a worker that has not checked in for 30 s: a stalled server, not a slow one.
+        timeouts = {
+            name: (server.workdir / "webhook.log").read_text(errors="replace").count("WORKER TIMEOUT")
+            for name, server in servers.items()
+        }
     return {
         "config": {
             "rounds": rounds,
@@ -230,6 +235,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             **checks,
         },
         "summary": summarize(measured),
+        "worker_timeouts": timeouts,
         "targets": {"throughput_ratio_min": THROUGHPUT_RATIO_TARGET, "p99_keepalive_ms_max": P99_TARGET_MS},
         "rounds": measured,
     }
@@ -244,12 +250,24 @@ def _round_line(this: dict[str, dict[str, Any]]) -> str:
 
 def summarize(measured: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
     def series(name: str, key: str, get: Callable[[dict[str, Any]], float]) -> list[float]:
-        return [get(r[name][key]) for r in measured]
+        return [get(r[name][key]) for r in measured if r[name][key]["requests"]]
 
     def ratios(key: str, get: Callable[[dict[str, Any]], float]) -> list[float]:
-        return [get(r["webhook"][key]) / get(r["floor"][key]) for r in measured if get(r["floor"][key])]
+        return [
+            get(r["webhook"][key]) / get(r["floor"][key])
+            for r in measured
+            if get(r["floor"][key]) and get(r["webhook"][key]) and answered(r, key)
+        ]
 
-    summary: dict[str, Any] = {}
+    def answered(r: dict[str, dict[str, Any]], key: str) -> bool:
+        """Both servers answered in this round's run (a stalled server is reported, not averaged in)."""
+        return all(r[name][key]["requests"] for name in ("webhook", "floor"))
+
+    summary: dict[str, Any] = {
+        "runs_without_answers": sum(
+            1 for r in measured for runs in r.values() for x in runs.values() if not x["requests"]
+        )
+    }
     for key in ("saturated_keepalive", "saturated_no_keepalive"):
 
         def rps(x: dict[str, Any]) -> float:
@@ -293,10 +311,21 @@ def _latency(quantile: str) -> Callable[[dict[str, Any]], float]:
 
 def rows(result: dict[str, Any]) -> list[Row]:
     s = result["summary"]
+    stalls = [
+        Row(
+            "runs without a single answer / worker timeouts",
+            f"{s['runs_without_answers']} / {result['worker_timeouts']}",
+            "none",
+            False,
+        )
+    ]
+    if not s["runs_without_answers"] and not any(result["worker_timeouts"].values()):
+        stalls = []
     rate = result["config"]["offered_rate"]
     sat, sat_close = s["saturated_keepalive"], s["saturated_no_keepalive"]
     ka, close = s["at_rate_keepalive"], s["at_rate_no_keepalive"]
     return [
+        *stalls,
         Row(
             "throughput, keep-alive (webhook / floor)",
             f"{sat['webhook_rps']:,.0f} / {sat['floor_rps']:,.0f} req/s",

@@ -84,7 +84,7 @@ class PacedClient:
             if self.keepalive and reusable:
                 self.idle.append(connection)
             else:
-                connection[1].close()
+                _close(connection)
 
     async def warm_up(self, n: int) -> None:
         for i in range(n):
@@ -119,8 +119,15 @@ class PacedClient:
 
     async def close(self) -> None:
         while self.idle:
-            _, writer = self.idle.pop()
-            writer.close()
+            _close(self.idle.pop())
+
+
+def _close(connection: Connection) -> None:
+    """Close at once, as Go's tls.Conn.Close does: asyncio's own close() sends close_notify and then holds the
+    TCP connection open until the server's close_notify (up to 30 s), which gunicorn never sends: it half-closes
+    and drains the socket on its worker's main thread (gunicorn.util.close_graceful, up to 2 s per
+    connection), so that client stalls the whole worker and is not what the API server does."""
+    connection[1].transport.abort()
 
 
 def paced(

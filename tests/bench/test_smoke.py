@@ -74,6 +74,7 @@ def positive(value: Any) -> bool:
 def test_admission(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
     document = finished(results, "admission")
     summary = document["summary"]
+    assert summary["runs_without_answers"] == 0 and document["worker_timeouts"] == {"webhook": 0, "floor": 0}
     for key in ("saturated_keepalive", "saturated_no_keepalive"):
         entry = summary[key]
         assert positive(entry["webhook_rps"]) and positive(entry["floor_rps"]) and positive(entry["ratio"])
