@@ -30,17 +30,18 @@ def _diff(before: Any, after: Any, pointer: str, ops: list[Operation]) -> None:
         return
     if isinstance(before, dict) and isinstance(after, dict):
         for key, value in after.items():
-            child = f"{pointer}/{escape(key)}"
             if key not in before:
-                ops.append({"op": "add", "path": child, "value": value})
-            else:
-                _diff(before[key], value, child, ops)
-        for key in before.keys() - after.keys():
-            ops.append({"op": "remove", "path": f"{pointer}/{escape(key)}"})
+                ops.append({"op": "add", "path": f"{pointer}/{escape(key)}", "value": value})
+            elif before[key] is not value:  # shared subtrees (most of the pod) cost no pointer and no call
+                _diff(before[key], value, f"{pointer}/{escape(key)}", ops)
+        if len(before) > len(after) or not before.keys() <= after.keys():
+            for key in before.keys() - after.keys():
+                ops.append({"op": "remove", "path": f"{pointer}/{escape(key)}"})
         return
     if isinstance(before, list) and isinstance(after, list) and len(after) >= len(before):
         for i, old in enumerate(before):
-            _diff(old, after[i], f"{pointer}/{i}", ops)
+            if old is not after[i]:
+                _diff(old, after[i], f"{pointer}/{i}", ops)
         ops.extend({"op": "add", "path": f"{pointer}/-", "value": value} for value in after[len(before) :])
         return
     if before != after or type(before) is not type(after):
