@@ -63,6 +63,9 @@ class Decision:
     memory: dict[AppKey, AppMemory]
     settings: dict[AppKey, AppSettings] = field(default_factory=dict)
     limit_hits: Counter[str] = field(default_factory=Counter)  # by scope: app, namespace, cluster
+    # When each app held only by its batch delay may release next (the decision's clock), so the loop wakes
+    # for it then instead of at its next tick.
+    due: dict[AppKey, float] = field(default_factory=dict)
 
 
 class _InFlightPerView:
@@ -157,6 +160,7 @@ def decide(
     actions: list[Action] = []
     settings: dict[AppKey, AppSettings] = {}
     hits: Counter[str] = Counter()
+    due: dict[AppKey, float] = {}
     for key in keys:
         app, mem = snapshot.apps[key], new_memory[key]
         pods = sorted(app.pods, key=_order)
@@ -218,6 +222,8 @@ def decide(
             actions.append(action)
             if isinstance(action, Release):
                 budgets.released(key.namespace)
+        if waiting is not None and waiting[0] == "delay" and mem.last_release_at is not None:
+            due[key] = mem.last_release_at + allocation.batch_delay_seconds
         if waiting is not None and gated:
             scope, message = waiting
             type_ = "Warning" if scope == "source" else "Normal"
@@ -228,7 +234,7 @@ def decide(
         settings[key] = AppSettings(
             profile.name if profile else None, allocation, waiting[1] if waiting and gated else None
         )
-    return Decision(tuple(actions), new_memory, settings, hits)
+    return Decision(tuple(actions), new_memory, settings, hits, due)
 
 
 def _release(

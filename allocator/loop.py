@@ -1,8 +1,8 @@
 """The allocator controller: reflectors feed the cache, the loop decides and acts, one leader writes.
 
 Every watch event names the apps it touched; the loop wakes at once, decides for just those apps (a freed
-slot is refilled within milliseconds) and, every `tick`, for all of them (time-based conditions such as
-the batch delay). Only the leader acts; followers keep their cache warm so a hand-over is immediate. A
+slot is refilled within milliseconds), again for an app when its batch delay ends, and, every `tick`, for
+all of them (the rest of the time-based conditions). Only the leader acts; followers keep their cache warm so a hand-over is immediate. A
 leader that loses its lease stops before its next write. Deletions are classified and recorded per app,
 and the histories are persisted in batches to ConfigMaps in the install namespace, so a restarted
 allocator knows which executor ids were deleted (and never releases them again).
@@ -97,6 +97,7 @@ class Controller:
         self.lost_lease = threading.Event()
         self._wake = threading.Condition()
         self._dirty: set[AppKey] = set()
+        self._due: dict[AppKey, float] = {}  # monotonic time at which an app's batch delay ends
         self._gone: list[tuple[PodRecord, bool, float]] = []
         self._released_at: dict[str, float] = {}  # uid -> release time, until bound (release-to-bind metric)
         self._unseen: dict[str, float] = {}  # uid -> release time, until the watch shows the gate gone
@@ -244,6 +245,7 @@ class Controller:
         self._flush_histories()
         self.elector.release()
         self.metrics.leader.set(0)
+        self.actor.close()
 
     def _lead(self) -> None:
         while not self.stop_event.is_set():
@@ -266,9 +268,14 @@ class Controller:
         next_flush = self.monotonic() + self.options.history_flush
         while not self.stop_event.is_set() and not self.lost_lease.is_set():
             with self._wake:
-                timeout = max(0.0, min(next_tick, next_flush) - self.monotonic())
+                timeout = max(0.0, min(next_tick, next_flush, *self._due.values()) - self.monotonic())
                 if not self._dirty and not self._gone and timeout > 0:
                     self._wake.wait(timeout)
+                now = self.monotonic()
+                for key, at in list(self._due.items()):
+                    if at <= now:  # its batch delay is over: decide for it now, not at the next tick
+                        self._dirty.add(key)
+                        del self._due[key]
                 dirty, self._dirty = self._dirty, set()
                 gone, self._gone = self._gone, []
             self.last_loop = self.monotonic()
@@ -309,8 +316,11 @@ class Controller:
             if history is not None:
                 self.memory.setdefault(key, AppMemory()).deleted_exec_ids = set(history.exec_ids)
         started = time.perf_counter()
-        decision = decide(snapshot, policy, self.clock(), self.memory, None if everything else dirty)
+        decided_at = self.clock()
+        decision = decide(snapshot, policy, decided_at, self.memory, None if everything else dirty)
         self.metrics.decision_seconds.observe(time.perf_counter() - started)
+        for key, at in decision.due.items():
+            self._due[key] = self.monotonic() + max(0.0, at - decided_at)
         self.memory.update(decision.memory)
         self.settings.update(decision.settings)
         for scope, n in decision.limit_hits.items():

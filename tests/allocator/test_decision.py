@@ -122,8 +122,10 @@ def test_previous_batch_must_be_bound_and_batch_delay_passed() -> None:
     assert (
         released(d) == [] and "previous batch not yet bound" in d.settings[AppKey("spark", "a")].waiting_for
     )
+    assert d.due == {}  # held by its unbound batch: nothing to wake for
     pods[0] = replace(pods[0], node="n")
-    assert released(decide(snap(view("a", pods)), policy(delay=1), 100.5, memory)) == []
+    held = decide(snap(view("a", pods)), policy(delay=1), 100.5, memory)
+    assert released(held) == [] and held.due == {AppKey("spark", "a"): 101.0}  # the loop wakes for it then
     assert released(decide(snap(view("a", pods)), policy(delay=1), 101.0, memory)) == ["a-exec-3", "a-exec-4"]
     gone = [pods[1], pods[2], pods[3]]  # a pod of the previous batch that is gone no longer blocks
     assert released(decide(snap(view("a", gone)), policy(delay=1), 101.0, memory)) == ["a-exec-3", "a-exec-4"]
