@@ -83,20 +83,18 @@ def test_three_apps_share_the_cluster_budget_and_take_turns(system: Any) -> None
     )
     assert observer.violations == [] and observer.max_in_flight["cluster"] <= 15
     # While all three wait, the cluster budget (three batches) binds and they take turns: no app gets
-    # ahead of another by more than one turn (two batches, as an app held by its own unbound previous
-    # batch lets the others go).
-    turns: Counter[str] = Counter()
+    # ahead of another by more than two turns (an app held by its own unbound previous batch lets the
+    # others go), counted in pods because the allocator releases different apps' batches side by side
+    # (their PATCHes interleave): two batches of 5, plus 4 of a batch being released.
+    released: Counter[str] = Counter()
     contested = 0
-    previous = None
     for app, waiting in observer.release_order:
-        if app == previous:
-            continue  # the same batch
-        previous = app
         if waiting >= apps:
             contested += 1
-            turns[app] += 1
-            assert max(turns[a] for a in apps) - min(turns[a] for a in apps) <= 2, turns
-    assert contested >= 6, observer.release_order
+            released[app] += 1
+            spread = max(released[a] for a in apps) - min(released[a] for a in apps)
+            assert spread <= 2 * 5 + 4, (released, observer.release_order)
+    assert contested >= 30, observer.release_order
 
 
 def test_annotations_lower_a_limit_and_are_clamped_to_the_caps(system: Any) -> None:

@@ -1,0 +1,76 @@
+"""The actor against kubesim over HTTP: each app's actions in order, apps side by side, a stale write
+stopping only its own app's releases."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from allocator.actor import Actor
+from allocator.cache import pod_record
+from allocator.model import PodRecord, Release
+from kubesim.cluster import Cluster
+from sparkgate import contract
+from sparkgate.kube import Kube
+
+ALLOCATOR = "system:serviceaccount:sparkgate-system:sparkgate-allocator"
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    with Cluster(nodes=1) as c:
+        c.add_namespace("spark")
+        yield c
+
+
+@pytest.fixture
+def actor(cluster: Cluster) -> Iterator[Actor]:
+    kube = Kube.from_kubeconfig(str(cluster.add_user(ALLOCATOR)))
+    actor = Actor(kube, "sparkgate-system", parallel_apps=4)
+    yield actor
+    actor.close()
+    kube.close()
+
+
+def gated_pod(cluster: Cluster, app: str, exec_id: int) -> PodRecord:
+    obj: dict[str, Any] = {
+        "metadata": {
+            "name": f"{app}-exec-{exec_id}",
+            "namespace": "spark",
+            "labels": {
+                contract.LABEL_ROLE: "executor",
+                contract.LABEL_APP_ID: app,
+                contract.LABEL_EXEC_ID: str(exec_id),
+            },
+            "annotations": {contract.ANNOTATION_PROFILE: "spark"},
+        },
+        "spec": {
+            "containers": [{"name": "spark-kubernetes-executor", "image": "spark"}],
+            "schedulingGates": [{"name": "other.io/gate"}, {"name": contract.GATE}],
+        },
+    }
+    record = pod_record(cluster.store.create("pods", json.loads(json.dumps(obj))))
+    assert record is not None and record.gate_index == 1
+    return record
+
+
+def gates(cluster: Cluster, name: str) -> list[str]:
+    pod = cluster.store.get("pods", "spark", name)
+    return [g["name"] for g in pod["spec"].get("schedulingGates", [])]
+
+
+def test_a_stale_release_stops_its_app_only_and_other_gates_stay(cluster: Cluster, actor: Actor) -> None:
+    a1, a2, a3 = (gated_pod(cluster, "app-a", i) for i in (1, 2, 3))
+    b1, b2 = (gated_pod(cluster, "app-b", i) for i in (1, 2))
+    stale = replace(a2, gate_index=0)  # the `test` of the patch fails: 422
+    actions = [Release(a1.app, a1), Release(a2.app, stale), Release(a3.app, a3)]
+    actions += [Release(b1.app, b1), Release(b2.app, b2)]
+    assert actor.execute(actions) == {a1.app}
+    assert gates(cluster, a1.name) == ["other.io/gate"]  # released before the stale one
+    assert gates(cluster, a2.name) == ["other.io/gate", contract.GATE]  # the failed test changed nothing
+    assert gates(cluster, a3.name) == ["other.io/gate", contract.GATE]  # dropped: the app is re-decided
+    assert gates(cluster, b1.name) == gates(cluster, b2.name) == ["other.io/gate"]
