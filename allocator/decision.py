@@ -292,19 +292,16 @@ def _release(
         ),
     }
     n = min(allocation.batch_size, len(gated), *(room for room, _ in rooms.values()))
-    binding = next(
-        (
-            scope
-            for scope, (room, _) in rooms.items()
-            if room == n and n < min(allocation.batch_size, len(gated))
-        ),
-        None,
-    )
-    if binding is not None:
-        hits[binding] += 1
+    # Every limit that holds with equality binds (raising it alone would not release more while another
+    # binds too, so none of them is "the" one): each is counted, the narrowest names the reason.
+    binding = [
+        scope
+        for scope, (room, _) in rooms.items()
+        if room == n and n < min(allocation.batch_size, len(gated))
+    ]
+    hits.update(binding)
     if n == 0:
-        assert binding is not None
-        return (binding, rooms[binding][1]), []
+        return (binding[0], rooms[binding[0]][1]), []
     actions: list[Action] = []
     wanted = {
         contract.app_configmap_name(key.app_id, cm.source): cm.source
@@ -319,7 +316,7 @@ def _release(
     mem.last_release_at = now
     mem.last_batch = frozenset(p.name for p in batch)
     mem.waiting_since = now if len(gated) > n else None
-    return ((binding, rooms[binding][1]) if binding and len(gated) > n else None), actions
+    return ((binding[0], rooms[binding[0]][1]) if binding and len(gated) > n else None), actions
 
 
 def _finished(app: AppView) -> bool:

@@ -113,6 +113,12 @@ class AllocatorMetrics:
             "sparkgate_allocator_cache_synced", "1 once every reflector has listed.", registry=r
         )
         self._app_series: set[AppKey] = set()
+        # Series whose label values are known in advance exist from the start at 0: increase() and rate()
+        # cannot see a counter's first increments when its series appears with them.
+        for scope in ("app", "namespace", "cluster"):
+            self.limit_hits.labels(scope)
+        for result in ("success", "failure"):
+            self.policy_reloads.labels(result)
 
     def set_app(self, key: AppKey, counts: dict[str, int]) -> None:
         for state, n in counts.items():

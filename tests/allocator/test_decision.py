@@ -142,7 +142,10 @@ def test_namespace_and_cluster_budgets_bind_and_apps_take_turns_oldest_first() -
         "b-exec-1",
         "b-exec-2",
     ]
-    assert d.limit_hits["cluster"] == 1  # b was cut to 2 by the cluster budget
+    assert d.limit_hits == {"cluster": 1}  # b was cut to 2 by the cluster budget
+    # Two limits leaving the same room both bind, and both are counted; the narrowest is the reason.
+    tie = decide(snap(apps[0]), policy(batch=5, per_app=3, per_ns=3), 100.0, {})
+    assert len(released(tie)) == 3 and tie.limit_hits == {"app": 1, "namespace": 1}
     # The next turn: c and a just had a batch, so b (still waiting) goes first.
     assert d.memory[AppKey("spark", "b")].waiting_since == 100.0
     assert d.memory[AppKey("spark", "c")].waiting_since == 100.0

@@ -320,12 +320,18 @@ def run(tmp_path_factory: pytest.TempPathFactory, prometheus_rule: dict[str, Any
 
         # Each watch restarts once, and Prometheus records the counters (a labelled counter appears at its
         # first increment, unseen by increase()), then the storm: a dozen restarts each within seconds.
-        cluster.faults.drop_watches("configmaps")
-        eventually(
-            lambda: len(prometheus.query("sparkgate_allocator_watch_restarts_total")) == 2,
-            15,
-            "Prometheus to scrape both watches' first restart",
-        )
+        # A watch that is reconnecting when its stream is dropped is not dropped: drop again until both
+        # have restarted.
+        def first_restarts_scraped() -> bool:
+            if restarts() < 1:
+                cluster.faults.drop_watches("configmaps")
+                return False
+            series = prometheus.query(
+                'sparkgate_allocator_watch_restarts_total{cause="timeout",watch=~"copies|sources"}'
+            )
+            return {s["metric"]["watch"] for s in series} == {"copies", "sources"}
+
+        eventually(first_restarts_scraped, 30, "Prometheus to scrape both watches' first restart")
         deadline = time.monotonic() + 30
         while restarts() < WATCH_DROPS:
             assert time.monotonic() < deadline, "the allocator did not restart its watches"
