@@ -273,7 +273,12 @@ def _release(
     ]
     if unbound:
         return ("previous-batch", f"app {key}: previous batch not yet bound ({len(unbound)} pods)"), []
-    if mem.last_release_at is not None and now - mem.last_release_at < allocation.batch_delay_seconds:
+    # A batch is at most batchSize pods per batchDelaySeconds. One cut short (Spark had not created the
+    # pods yet, or a budget bound) is topped up within its window once it is bound, rather than costing a
+    # whole delay: a first release of the one pod Spark created first no longer adds a batch to the ramp.
+    window = mem.last_release_at is not None and now - mem.last_release_at < allocation.batch_delay_seconds
+    size = allocation.batch_size - len(mem.last_batch) if window else allocation.batch_size
+    if size <= 0:
         return ("delay", f"app {key}: batch delay of {allocation.batch_delay_seconds:g}s"), []
     in_flight = sum(1 for p in app.pods if p.in_flight)
     in_namespace, total = budgets.namespace(key.namespace), budgets.cluster()
@@ -291,14 +296,10 @@ def _release(
             f"the cluster has {total}/{policy.max_pending_cluster} pods in flight",
         ),
     }
-    n = min(allocation.batch_size, len(gated), *(room for room, _ in rooms.values()))
+    n = min(size, len(gated), *(room for room, _ in rooms.values()))
     # Every limit that holds with equality binds (raising it alone would not release more while another
     # binds too, so none of them is "the" one): each is counted, the narrowest names the reason.
-    binding = [
-        scope
-        for scope, (room, _) in rooms.items()
-        if room == n and n < min(allocation.batch_size, len(gated))
-    ]
+    binding = [scope for scope, (room, _) in rooms.items() if room == n and n < min(size, len(gated))]
     hits.update(binding)
     if n == 0:
         return (binding[0], rooms[binding[0]][1]), []
@@ -313,8 +314,11 @@ def _release(
             actions.append(CreateConfigMap(key, source, name, owner))
     batch = gated[:n]
     actions.extend(Release(key, pod) for pod in batch)
-    mem.last_release_at = now
-    mem.last_batch = frozenset(p.name for p in batch)
+    if window:
+        mem.last_batch |= {p.name for p in batch}
+    else:
+        mem.last_release_at = now
+        mem.last_batch = frozenset(p.name for p in batch)
     mem.waiting_since = now if len(gated) > n else None
     return ((binding[0], rooms[binding[0]][1]) if binding and len(gated) > n else None), actions
 

@@ -118,17 +118,43 @@ def test_previous_batch_must_be_bound_and_batch_delay_passed() -> None:
     memory = {
         AppKey("spark", "a"): AppMemory(last_release_at=100.0, last_batch=frozenset({"a-exec-1", "a-exec-2"}))
     }
-    d = decide(snap(view("a", pods)), policy(delay=1), 105.0, memory)
+    d = decide(snap(view("a", pods)), policy(batch=2, delay=1), 105.0, memory)
     assert (
         released(d) == [] and "previous batch not yet bound" in d.settings[AppKey("spark", "a")].waiting_for
     )
     assert d.due == {}  # held by its unbound batch: nothing to wake for
     pods[0] = replace(pods[0], node="n")
-    held = decide(snap(view("a", pods)), policy(delay=1), 100.5, memory)
+    held = decide(snap(view("a", pods)), policy(batch=2, delay=1), 100.5, memory)
     assert released(held) == [] and held.due == {AppKey("spark", "a"): 101.0}  # the loop wakes for it then
-    assert released(decide(snap(view("a", pods)), policy(delay=1), 101.0, memory)) == ["a-exec-3", "a-exec-4"]
+    assert released(decide(snap(view("a", pods)), policy(batch=2, delay=1), 101.0, memory)) == [
+        "a-exec-3",
+        "a-exec-4",
+    ]
     gone = [pods[1], pods[2], pods[3]]  # a pod of the previous batch that is gone no longer blocks
-    assert released(decide(snap(view("a", gone)), policy(delay=1), 101.0, memory)) == ["a-exec-3", "a-exec-4"]
+    assert released(decide(snap(view("a", gone)), policy(batch=2, delay=1), 101.0, memory)) == [
+        "a-exec-3",
+        "a-exec-4",
+    ]
+
+
+def test_a_batch_cut_short_is_topped_up_within_its_window() -> None:
+    # Spark had created one pod when the app's first batch (of 3) went; the two it created next join that
+    # batch once it is bound, without waiting a whole delay; then the window is full.
+    first = [pod("a", 1)]
+    p = policy(batch=3, delay=1)
+    d = decide(snap(view("a", first)), p, 100.0, {})
+    assert released(d) == ["a-exec-1"]
+    more = [pod("a", 1, gated=False), pod("a", 2), pod("a", 3), pod("a", 4)]
+    assert released(decide(snap(view("a", more)), p, 100.2, d.memory)) == []  # the short batch is unbound
+    more[0] = replace(more[0], node="n")
+    topped = decide(snap(view("a", more)), p, 100.3, d.memory)
+    assert released(topped) == ["a-exec-2", "a-exec-3"]
+    mem = topped.memory[AppKey("spark", "a")]
+    assert mem.last_release_at == 100.0 and mem.last_batch == {"a-exec-1", "a-exec-2", "a-exec-3"}
+    bound = [more[0]] + [replace(q, gated=False, node="n") for q in more[1:3]] + [more[3]]
+    full = decide(snap(view("a", bound)), p, 100.5, topped.memory)
+    assert released(full) == [] and full.due == {AppKey("spark", "a"): 101.0}
+    assert released(decide(snap(view("a", bound)), p, 101.0, topped.memory)) == ["a-exec-4"]
 
 
 def test_namespace_and_cluster_budgets_bind_and_apps_take_turns_oldest_first() -> None:
