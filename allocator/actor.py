@@ -22,7 +22,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from sparkgate import contract
@@ -61,16 +61,17 @@ class Actor:
         self._last_event: dict[str, float] = {}
         self._pool = ThreadPoolExecutor(max_workers=parallel_apps, thread_name_prefix="actor")
 
-    def execute(self, actions: Iterable[Action]) -> set[AppKey]:
-        """Carry out `actions`, each app's in order, apps side by side; returns the apps to re-decide
-        (their state was stale, or a write failed)."""
+    def submit(self, actions: Iterable[Action]) -> dict[AppKey, Future[bool]]:
+        """Start carrying out `actions`, each app's in order, apps side by side; each app's future says
+        whether all of its actions went through (False: its state was stale, or a write failed)."""
         by_app: dict[AppKey, list[Action]] = {}
         for action in actions:
             by_app.setdefault(action.app, []).append(action)
-        if len(by_app) <= 1:
-            return {app for app, group in by_app.items() if not self._app(group)}
-        done = list(self._pool.map(self._app, by_app.values()))
-        return {app for app, ok in zip(by_app, done, strict=True) if not ok}
+        return {app: self._pool.submit(self._app, group) for app, group in by_app.items()}
+
+    def execute(self, actions: Iterable[Action]) -> set[AppKey]:
+        """`submit` and wait: the apps to re-decide."""
+        return {app for app, done in self.submit(actions).items() if not done.result()}
 
     def _app(self, actions: list[Action]) -> bool:
         """One app's actions in order; False when one was stale or failed. After that, the app's remaining

@@ -2,7 +2,9 @@
 
 Every watch event names the apps it touched; the loop wakes at once, decides for just those apps (a freed
 slot is refilled within milliseconds), again for an app when its batch delay ends, and, every `tick`, for
-all of them (the rest of the time-based conditions). Only the leader acts; followers keep their cache warm so a hand-over is immediate. A
+all of them (the rest of the time-based conditions). The actor carries out each app's actions while the
+loop goes on deciding the others. Only the leader acts; followers keep their cache warm so a hand-over is
+immediate. A
 leader that loses its lease stops before its next write. Deletions are classified and recorded per app,
 and the histories are persisted in batches to ConfigMaps in the install namespace, so a restarted
 allocator knows which executor ids were deleted (and never releases them again).
@@ -10,12 +12,14 @@ allocator knows which executor ids were deleted (and never releases them again).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -30,7 +34,7 @@ from .decision import AppSettings, decide
 from .deletions import History, classify
 from .leader import LeaderElector
 from .metrics import AllocatorMetrics
-from .model import AppMemory, AppView, DeletePod, PodRecord, Release, Snapshot
+from .model import Action, AppMemory, AppView, DeletePod, PodRecord, Release, Snapshot
 from .status import app_document, apps_document, executor_counts
 
 log = logging.getLogger(__name__)
@@ -98,6 +102,8 @@ class Controller:
         self._wake = threading.Condition()
         self._dirty: set[AppKey] = set()
         self._due: dict[AppKey, float] = {}  # monotonic time at which an app's batch delay ends
+        self._busy: set[AppKey] = set()  # apps whose actions the actor is carrying out
+        self._deferred: set[AppKey] = set()  # busy apps that changed meanwhile: decided when done
         self._gone: list[tuple[PodRecord, bool, float]] = []
         self._released_at: dict[str, float] = {}  # uid -> release time, until bound (release-to-bind metric)
         self._unseen: dict[str, float] = {}  # uid -> release time, until the watch shows the gate gone
@@ -203,8 +209,7 @@ class Controller:
         self.cache.pod_event(kind, obj)
 
     def _on_release(self, action: Release, at: float) -> None:
-        self._released_at[action.pod.uid] = at
-        self._unseen[action.pod.uid] = at
+        self._released_at[action.pod.uid] = at  # in _unseen since it was dispatched
         self.metrics.releases.labels(action.app.namespace).inc()
         if action.pod.created:
             self.metrics.gate_wait.labels(action.app.namespace).observe(max(0.0, at - action.pod.created))
@@ -317,7 +322,11 @@ class Controller:
                 self.memory.setdefault(key, AppMemory()).deleted_exec_ids = set(history.exec_ids)
         started = time.perf_counter()
         decided_at = self.clock()
-        decision = decide(snapshot, policy, decided_at, self.memory, None if everything else dirty)
+        with self._wake:
+            busy = set(self._busy)
+            self._deferred |= (set(snapshot.apps) if everything else dirty) & busy
+        apps = (None if not busy else set(snapshot.apps) - busy) if everything else dirty - busy
+        decision = decide(snapshot, policy, decided_at, self.memory, apps)
         self.metrics.decision_seconds.observe(time.perf_counter() - started)
         for key, at in decision.due.items():
             self._due[key] = self.monotonic() + max(0.0, at - decided_at)
@@ -327,14 +336,40 @@ class Controller:
             self.metrics.limit_hits.labels(scope).inc(n)
         if self.lost_lease.is_set() or not self.elector.leading:
             return
-        stale = self.actor.execute(decision.actions)
-        if stale:
-            self._on_change(stale)
+        self._dispatch(decision.actions, decided_at)
         for key, mem in self.memory.items():
             if mem.finished and key in self.histories and self.histories[key].finished_at is None:
                 self.histories[key].finished_at = self.clock()
                 self._history_dirty.add(key)
         self._observe(snapshot, policy.max_pending_per_namespace, policy.max_pending_cluster)
+
+    def _dispatch(self, actions: tuple[Action, ...], decided_at: float) -> None:
+        """Hand the actions to the actor and go on: an app whose slot was just freed is decided and
+        refilled while another app's batch of PATCHes is still being sent. Until its actions are done an
+        app is busy (not decided again; a change meanwhile is deferred to their end), and its releases count
+        as in flight from now, so that the shared budgets stay exact for the apps decided meanwhile."""
+        releases: dict[AppKey, list[str]] = {}
+        for action in actions:
+            if isinstance(action, Release):
+                releases.setdefault(action.app, []).append(action.pod.uid)
+                self._unseen[action.pod.uid] = decided_at
+        with self._wake:
+            self._busy |= {action.app for action in actions}
+        for app, done in self.actor.submit(actions).items():
+            done.add_done_callback(functools.partial(self._done, app, releases.get(app, [])))
+
+    def _done(self, app: AppKey, released: list[str], done: Future[bool]) -> None:
+        ok = done.exception() is None and done.result()
+        with self._wake:
+            self._busy.discard(app)
+            if not ok:  # re-read and re-decide; what was not released is not in flight
+                for uid in released:
+                    if uid not in self._released_at:
+                        self._unseen.pop(uid, None)
+            if not ok or app in self._deferred:
+                self._deferred.discard(app)
+                self._dirty.add(app)
+                self._wake.notify()
 
     def _record_gone(self, gone: list[tuple[PodRecord, bool, float]], snapshot: Snapshot) -> None:
         for record, _removed, at in gone:
