@@ -385,16 +385,18 @@ class _Handler(BaseHTTPRequestHandler):
             field_selector=query.get("fieldSelector"),
             name=route.name,
         )  # 410 at connect, before the response starts
-        self._record(200)
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
-        deadline = api.clock() + float(query.get("timeoutSeconds") or 1800)
-        next_bookmark = api.clock() + api.bookmark_interval
+        # Registered before the client sees the response start, so a test that drops watches once the
+        # client's stream is open always finds it.
         unregister = api.faults.register_watch(route.resource, stream.close)
         try:
+            self._record(200)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+            deadline = api.clock() + float(query.get("timeoutSeconds") or 1800)
+            next_bookmark = api.clock() + api.bookmark_interval
             while not api.stopping:
                 now = api.clock()
                 if now >= deadline:
