@@ -69,10 +69,6 @@ class Actor:
             by_app.setdefault(action.app, []).append(action)
         return {app: self._pool.submit(self._app, group) for app, group in by_app.items()}
 
-    def execute(self, actions: Iterable[Action]) -> set[AppKey]:
-        """`submit` and wait: the apps to re-decide."""
-        return {app for app, done in self.submit(actions).items() if not done.result()}
-
     def _app(self, actions: list[Action]) -> bool:
         """One app's actions in order; False when one was stale or failed. After that, the app's remaining
         releases are dropped (its state is re-read and re-decided, never blindly retried), and so are they

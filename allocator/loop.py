@@ -4,10 +4,9 @@ Every watch event names the apps it touched; the loop wakes at once, decides for
 slot is refilled within milliseconds), again for an app when its batch delay ends, and, every `tick`, for
 all of them (the rest of the time-based conditions). The actor carries out each app's actions while the
 loop goes on deciding the others. Only the leader acts; followers keep their cache warm so a hand-over is
-immediate. A
-leader that loses its lease stops before its next write. Deletions are classified and recorded per app,
-and the histories are persisted in batches to ConfigMaps in the install namespace, so a restarted
-allocator knows which executor ids were deleted (and never releases them again).
+immediate. A leader that loses its lease stops before its next write. Deletions are classified and
+recorded per app, and the histories are persisted in batches to ConfigMaps in the install namespace, so a
+restarted allocator knows which executor ids were deleted (and never releases them again).
 """
 
 from __future__ import annotations
@@ -60,6 +59,27 @@ def expect_released(snapshot: Snapshot, released: Mapping[str, float]) -> Snapsh
             )
             apps[key] = replace(view, pods=pods)
     return Snapshot(apps, snapshot.sources)
+
+
+def observe_apps(metrics: AllocatorMetrics, snapshot: Snapshot) -> None:
+    """The per-app and per-namespace gauges of one step (every pod of every app is walked)."""
+    in_flight: dict[str, int] = {}
+    bypassed: dict[str, int] = {}
+    for key, view in snapshot.apps.items():
+        counts = executor_counts(view)
+        metrics.set_app(key, counts)
+        in_flight[key.namespace] = in_flight.get(key.namespace, 0) + counts["in_flight"]
+        bypassed[key.namespace] = bypassed.get(key.namespace, 0) + sum(
+            1
+            for p in view.pods
+            if not p.gated and p.profile is None and not p.deleting and p.phase in ("Pending", "Running")
+        )
+    metrics.forget_apps(set(snapshot.apps))
+    for namespace, n in in_flight.items():
+        metrics.in_flight.labels(namespace).set(n)
+    for namespace, n in bypassed.items():
+        metrics.bypassed.labels(namespace).set(n)
+    metrics.apps.set(len(snapshot.apps))
 
 
 def history_name(key: AppKey) -> str:
@@ -322,10 +342,10 @@ class Controller:
                 self.memory.setdefault(key, AppMemory()).deleted_exec_ids = set(history.exec_ids)
         started = time.perf_counter()
         decided_at = self.clock()
-        with self._wake:
-            busy = set(self._busy)
-            self._deferred |= (set(snapshot.apps) if everything else dirty) & busy
-        apps = (None if not busy else set(snapshot.apps) - busy) if everything else dirty - busy
+        apps = set(snapshot.apps) if everything else dirty
+        with self._wake:  # with _done's test of _deferred: a change is never lost between the two
+            self._deferred |= apps & self._busy
+            apps = apps - self._busy
         decision = decide(snapshot, policy, decided_at, self.memory, apps)
         self.metrics.decision_seconds.observe(time.perf_counter() - started)
         for key, at in decision.due.items():
@@ -353,7 +373,7 @@ class Controller:
             if isinstance(action, Release):
                 releases.setdefault(action.app, []).append(action.pod.uid)
                 self._unseen[action.pod.uid] = decided_at
-        with self._wake:
+        with self._wake:  # before submitting: an app's actions may be done before submit returns
             self._busy |= {action.app for action in actions}
         for app, done in self.actor.submit(actions).items():
             done.add_done_callback(functools.partial(self._done, app, releases.get(app, [])))
@@ -389,25 +409,7 @@ class Controller:
             self._recorded.clear()
 
     def _observe(self, snapshot: Snapshot, per_namespace_limit: int, cluster_limit: int) -> None:
-        live = set()
-        in_flight: dict[str, int] = {}
-        bypassed: dict[str, int] = {}
-        for key, view in snapshot.apps.items():
-            counts = executor_counts(view)
-            self.metrics.set_app(key, counts)
-            live.add(key)
-            in_flight[key.namespace] = in_flight.get(key.namespace, 0) + counts["in_flight"]
-            bypassed[key.namespace] = bypassed.get(key.namespace, 0) + sum(
-                1
-                for p in view.pods
-                if not p.gated and p.profile is None and not p.deleting and p.phase in ("Pending", "Running")
-            )
-        self.metrics.forget_apps(live)
-        for namespace, n in in_flight.items():
-            self.metrics.in_flight.labels(namespace).set(n)
-        for namespace, n in bypassed.items():
-            self.metrics.bypassed.labels(namespace).set(n)
-        self.metrics.apps.set(len(snapshot.apps))
+        observe_apps(self.metrics, snapshot)
         self.metrics.limit.labels("namespace").set(per_namespace_limit)
         self.metrics.limit.labels("cluster").set(cluster_limit)
         missing: dict[str, int] = {}

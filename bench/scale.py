@@ -44,7 +44,7 @@ from typing import Any
 
 from allocator.cache import Cache
 from allocator.decision import decide, in_flight_counts
-from allocator.loop import expect_released
+from allocator.loop import expect_released, observe_apps
 from allocator.metrics import AllocatorMetrics
 from allocator.model import Action, AppMemory, PodRecord, Release, Snapshot
 from allocator.status import executor_counts
@@ -372,20 +372,13 @@ def loop_overheads(allocator: Allocator) -> dict[str, float]:
     some_uid = next(p.uid for view in snapshot.apps.values() for p in view.pods)
     metrics = AllocatorMetrics()
     rounds = 20
-
-    def observe() -> None:
-        for key, view in snapshot.apps.items():
-            metrics.set_app(key, executor_counts(view))
-            sum(1 for p in view.pods if not p.gated and p.profile is None and not p.deleting)
-        metrics.forget_apps(set(snapshot.apps))
-
     started = time.perf_counter()
     for _ in range(rounds):
         expect_released(snapshot, {some_uid: 0.0})
     expect = (time.perf_counter() - started) / rounds
     started = time.perf_counter()
     for _ in range(rounds):
-        observe()
+        observe_apps(metrics, snapshot)
     observed = (time.perf_counter() - started) / rounds
     return {"expect_released_ms": round(expect * 1000, 3), "observe_ms": round(observed * 1000, 3)}
 

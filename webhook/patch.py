@@ -34,7 +34,7 @@ def _diff(before: Any, after: Any, pointer: str, ops: list[Operation]) -> None:
                 ops.append({"op": "add", "path": f"{pointer}/{escape(key)}", "value": value})
             elif before[key] is not value:  # shared subtrees (most of the pod) cost no pointer and no call
                 _diff(before[key], value, f"{pointer}/{escape(key)}", ops)
-        if len(before) > len(after) or not before.keys() <= after.keys():
+        if not before.keys() <= after.keys():
             for key in before.keys() - after.keys():
                 ops.append({"op": "remove", "path": f"{pointer}/{escape(key)}"})
         return

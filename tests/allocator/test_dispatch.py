@@ -22,14 +22,8 @@ from sparkgate.contract import AppKey
 from sparkgate.kube import Kube
 from sparkgate.policy_file import PolicySource
 
-POLICY = """\
-apiVersion: sparkgate.io/v1alpha1
-kind: Policy
-allocation: {batchSize: 4, batchDelaySeconds: 0, maxPendingPerApp: 10, maxPendingPerNamespace: 10, maxPendingCluster: 4}
-caps: {batchSize: 10, maxPendingPerApp: 10}
-profiles:
-  - name: spark
-"""
+from .conftest import write_policy
+
 A, B = AppKey("spark", "app-a"), AppKey("spark", "app-b")
 
 
@@ -86,8 +80,7 @@ def executor(app: str, exec_id: int) -> dict[str, Any]:
 def controller(tmp_path: Path) -> Iterator[tuple[Controller, HeldActor]]:
     with Cluster(nodes=1) as cluster:
         kube = Kube.from_kubeconfig(str(cluster.kubeconfig("admin")))
-        policy = tmp_path / "policy.yaml"
-        policy.write_text(POLICY)
+        policy = write_policy(tmp_path / "policy.yaml", batch=4, delay=0, per_app=10, per_ns=10, cluster=4)
         c = Controller(kube, PolicySource(str(policy), "sparkgate-system"), Options(), AllocatorMetrics())
         c.actor.close()
         actor = HeldActor()
