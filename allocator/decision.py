@@ -273,9 +273,10 @@ def _release(
     ]
     if unbound:
         return ("previous-batch", f"app {key}: previous batch not yet bound ({len(unbound)} pods)"), []
-    # A batch is at most batchSize pods per batchDelaySeconds. One cut short (Spark had not created the
-    # pods yet, or a budget bound) is topped up within its window once it is bound, rather than costing a
-    # whole delay: a first release of the one pod Spark created first no longer adds a batch to the ramp.
+    # A batch is at most batchSize pods, and the next one follows batchDelaySeconds after its last release.
+    # One cut short (Spark had not created the pods yet, or a budget bound) is topped up once it is bound,
+    # within its delay, rather than costing a whole delay: a first release of the one pod Spark created
+    # first no longer adds a batch to the ramp. Any span shorter than the delay sees at most batchSize.
     window = mem.last_release_at is not None and now - mem.last_release_at < allocation.batch_delay_seconds
     size = allocation.batch_size - len(mem.last_batch) if window else allocation.batch_size
     if size <= 0:
@@ -314,11 +315,9 @@ def _release(
             actions.append(CreateConfigMap(key, source, name, owner))
     batch = gated[:n]
     actions.extend(Release(key, pod) for pod in batch)
-    if window:
-        mem.last_batch |= {p.name for p in batch}
-    else:
-        mem.last_release_at = now
-        mem.last_batch = frozenset(p.name for p in batch)
+    names = frozenset(p.name for p in batch)
+    mem.last_batch = mem.last_batch | names if window else names
+    mem.last_release_at = now
     mem.waiting_since = now if len(gated) > n else None
     return ((binding[0], rooms[binding[0]][1]) if binding and len(gated) > n else None), actions
 

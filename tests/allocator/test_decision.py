@@ -150,11 +150,12 @@ def test_a_batch_cut_short_is_topped_up_within_its_window() -> None:
     topped = decide(snap(view("a", more)), p, 100.3, d.memory)
     assert released(topped) == ["a-exec-2", "a-exec-3"]
     mem = topped.memory[AppKey("spark", "a")]
-    assert mem.last_release_at == 100.0 and mem.last_batch == {"a-exec-1", "a-exec-2", "a-exec-3"}
+    # The delay counts from the top-up: no span shorter than the delay sees more than one batch.
+    assert mem.last_release_at == 100.3 and mem.last_batch == {"a-exec-1", "a-exec-2", "a-exec-3"}
     bound = [more[0]] + [replace(q, gated=False, node="n") for q in more[1:3]] + [more[3]]
-    full = decide(snap(view("a", bound)), p, 100.5, topped.memory)
-    assert released(full) == [] and full.due == {AppKey("spark", "a"): 101.0}
-    assert released(decide(snap(view("a", bound)), p, 101.0, topped.memory)) == ["a-exec-4"]
+    full = decide(snap(view("a", bound)), p, 101.0, topped.memory)
+    assert released(full) == [] and full.due == {AppKey("spark", "a"): 101.3}
+    assert released(decide(snap(view("a", bound)), p, 101.3, topped.memory)) == ["a-exec-4"]
 
 
 def test_namespace_and_cluster_budgets_bind_and_apps_take_turns_oldest_first() -> None:
