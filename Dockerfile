@@ -12,7 +12,7 @@ COPY sparkgate ./sparkgate
 COPY webhook ./webhook
 COPY allocator ./allocator
 COPY certs ./certs
-COPY kubesim ./kubesim
+# Production packages only: kubesim and the sandbox wing (demo, local helpers) stay out of the image.
 # Every dependency ships manylinux wheels, so no compiler is needed even here.
 RUN /opt/sparkgate/bin/pip install .
 

@@ -41,7 +41,7 @@ demo: venv
 
 # The webhook alone, over TLS on loopback, mutating a real Spark executor pod.
 run: venv
-	$(BIN)/python -m webhook.tryout
+	$(BIN)/python -m sandbox.tryout
 
 bench: venv tools
 	$(BIN)/python -m bench

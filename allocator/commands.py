@@ -12,6 +12,8 @@ import sys
 import urllib.request
 from typing import Any
 
+from sparkgate import contract
+
 
 def register(subparsers: Any) -> None:
     env = os.environ.get
@@ -23,14 +25,16 @@ def register(subparsers: Any) -> None:
     )
     a.add_argument("--policy", default=env("SPARKGATE_POLICY", "/etc/sparkgate/policy/policy.yaml"))
     a.add_argument(
-        "--namespace", default=env("SPARKGATE_NAMESPACE", "sparkgate-system"), help="install namespace"
+        "--namespace",
+        default=env("SPARKGATE_NAMESPACE", contract.INSTALL_NAMESPACE),
+        help="install namespace",
     )
     a.add_argument(
         "--http",
         default=env("SPARKGATE_ALLOCATOR_HTTP", "0.0.0.0:8080"),
         help="HOST:PORT of /metrics, /apps, probes",
     )
-    a.add_argument("--lease-name", default=env("SPARKGATE_LEASE", "sparkgate-allocator"))
+    a.add_argument("--lease-name", default=env("SPARKGATE_LEASE", contract.ALLOCATOR_LEASE))
     a.add_argument("--identity", default=env("POD_NAME", socket.gethostname()))
     a.add_argument(
         "--tick", type=float, default=1.0, help="seconds between full decisions (time-based conditions)"

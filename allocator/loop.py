@@ -88,9 +88,9 @@ def history_name(key: AppKey) -> str:
 
 @dataclass
 class Options:
-    install_namespace: str = "sparkgate-system"
-    identity: str = "sparkgate-allocator"
-    lease_name: str = "sparkgate-allocator"
+    install_namespace: str = contract.INSTALL_NAMESPACE
+    identity: str = contract.ALLOCATOR_SERVICE_ACCOUNT
+    lease_name: str = contract.ALLOCATOR_LEASE
     tick: float = 1.0
     history_flush: float = 2.0
     history_retention: float = 3600.0

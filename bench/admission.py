@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from webhook.local import LocalWebhook
+from sandbox.local_webhook import LocalWebhook
 
 from . import common
 from .common import Row, fmt, median

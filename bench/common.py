@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, Protocol, cast
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 SMOKE_RESULTS = RESULTS / "smoke"
-FIXTURES = REPO.parent / "shared" / "fixtures" / "spark-4.3"
+FIXTURES = REPO / "tests" / "data" / "spark-4.3"
 EXAMPLE_POLICY = REPO / "sparkgate" / "examples" / "policy.yaml"
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from flask import Flask, Response, request
 
-from webhook.local import LocalWebhook
+from sandbox.local_webhook import LocalWebhook
 from webhook.review import BadReview, parse_review, review_response
 
 REPO = Path(__file__).resolve().parents[1]

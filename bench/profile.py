@@ -27,8 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from sandbox.local_webhook import LocalWebhook
 from sparkgate.policy import load_policy
-from webhook.local import LocalWebhook
 
 from . import common, scale
 from .admission import wrk

@@ -1,6 +1,6 @@
 """Refill latency, ramp-up and API requests per released executor, on kubesim with the real processes.
 
-Everything is the production path, installed by `sparkgate.localsystem.LocalSystem`: simulated Spark drivers
+Everything is the production path, installed by `sandbox.localsystem.LocalSystem`: simulated Spark drivers
 create executor pods over HTTP, the real webhook (gunicorn, TLS) gates them at CREATE and checks every gate
 removal at UPDATE, and `sparkgate allocator` runs as its own process with its own service account. The
 measurement itself is in-process and exact: kubesim's store calls `subscribe` listeners after every committed
@@ -40,9 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import kubesim.apiserver
+from sandbox.localsystem import LocalSystem
 from sparkgate import contract
-from sparkgate.localsystem import LocalSystem
-from webhook.review import DEFAULT_ALLOCATOR_USER
 
 from . import common
 from .common import Row
@@ -238,7 +237,7 @@ def measure(
                     print(allocator.log.read_text()[-4000:], file=sys.stderr)
                     raise
                 elapsed = time.monotonic() - started
-                requests = [e for e in cluster.requests.entries() if e.user == DEFAULT_ALLOCATOR_USER]
+                requests = [e for e in cluster.requests.entries() if e.user == contract.ALLOCATOR_USER]
                 for driver in drivers:
                     driver.stop()
             finally:

@@ -1,6 +1,6 @@
 """The value: the demo's with/without comparison at a larger size, as numbers.
 
-Runs `sparkgate demo --scenario large --no-live --json FILE` (the lead's demo, sparkgate/demo/: the same Spark
+Runs `sparkgate demo --scenario large --no-live --json FILE` (the lead's demo, sandbox/demo/: the same Spark
 workload on kubesim, first without sparkgate, then with the real webhook and allocator) and reads its JSON:
 five drivers of 200 executors on room for 100. Reported per run: peak unscheduled executor pods, scheduling
 attempts, API requests (by the drivers, by sparkgate, in all) and completion time per app, with the ratios
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "description": first.get("description"),
         "executor_slots": first.get("executor_slots"),
         "cap": first.get("cap"),
-        "source": "python -m sparkgate.cli demo --scenario NAME --no-live --json FILE (sparkgate/demo/)",
+        "source": "python -m sparkgate.cli demo --scenario NAME --no-live --json FILE (sandbox/demo/)",
         "rounds": rounds,
         "summary": summary,
         "comparisons": comparisons,

@@ -20,6 +20,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from sparkgate import contract
+
 from .material import fresh
 from .pki import service_dns_names
 from .plan import CA_CRT, CA_KEY, TLS_CRT, TLS_KEY, Lifetimes
@@ -35,8 +37,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     verbs = certs.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--namespace", default=env("SPARKGATE_NAMESPACE", "sparkgate-system"))
-        p.add_argument("--service", default=env("SPARKGATE_WEBHOOK_SERVICE", "sparkgate-webhook"))
+        p.add_argument("--namespace", default=env("SPARKGATE_NAMESPACE", contract.INSTALL_NAMESPACE))
+        p.add_argument("--service", default=env("SPARKGATE_WEBHOOK_SERVICE", contract.WEBHOOK_SERVICE))
         p.add_argument("--ca-days", type=_days, default=Lifetimes.ca, help="CA lifetime in days")
         p.add_argument(
             "--serving-days", type=_days, default=Lifetimes.serving, help="serving certificate lifetime"
@@ -62,10 +64,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     mode.add_argument("--loop", action="store_true", help="a cycle every --interval while holding the Lease")
     sync.add_argument("--interval", type=float, default=float(env("SPARKGATE_CERTS_INTERVAL", "60")))
     sync.add_argument("--kubeconfig", default=env("KUBECONFIG"))
-    sync.add_argument("--secret", default=env("SPARKGATE_CERT_SECRET", "sparkgate-webhook-tls"))
+    sync.add_argument("--secret", default=env("SPARKGATE_CERT_SECRET", contract.CERT_SECRET))
     sync.add_argument(
         "--webhook-configuration",
-        default=env("SPARKGATE_WEBHOOK_CONFIGURATION", "sparkgate"),
+        default=env("SPARKGATE_WEBHOOK_CONFIGURATION", contract.WEBHOOK_CONFIGURATION),
         help="name of both the mutating and the validating webhook configuration",
     )
     sync.add_argument("--identity", default=env("POD_NAME") or socket.gethostname())

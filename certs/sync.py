@@ -23,6 +23,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
+from sparkgate import contract
 from sparkgate.kube import Conflict, Kube, KubeError, NotFound
 
 from .lease import LeaseElector
@@ -76,11 +77,11 @@ Obj = dict[str, Any]
 class Target:
     """Where the certificates live and which webhook configurations trust them."""
 
-    namespace: str = "sparkgate-system"
-    secret: str = "sparkgate-webhook-tls"
-    service: str = "sparkgate-webhook"
-    mutating: tuple[str, ...] = ("sparkgate",)
-    validating: tuple[str, ...] = ("sparkgate",)
+    namespace: str = contract.INSTALL_NAMESPACE
+    secret: str = contract.CERT_SECRET
+    service: str = contract.WEBHOOK_SERVICE
+    mutating: tuple[str, ...] = (contract.WEBHOOK_CONFIGURATION,)
+    validating: tuple[str, ...] = (contract.WEBHOOK_CONFIGURATION,)
     lifetimes: Lifetimes = field(default_factory=Lifetimes)
 
     @property
@@ -241,7 +242,7 @@ def run_loop(
 ) -> None:
     """Sync every `interval` seconds while holding the certs Lease, until `stop` is set. Meant for a
     thread of a long-running process (the allocator) or `sparkgate certs sync --loop`."""
-    elector = LeaseElector(kube, target.namespace, "sparkgate-certs", identity, duration=3 * interval)
+    elector = LeaseElector(kube, target.namespace, contract.CERTS_LEASE, identity, duration=3 * interval)
     try:
         while not stop.is_set():
             if elector.try_hold(clock()):

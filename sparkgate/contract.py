@@ -13,6 +13,17 @@ from typing import Any, NamedTuple
 
 GATE = "sparkgate.io/allocator"
 
+# The install's names (manifests/base). Every default in the code is one of these; the manifests set the
+# same values through the environment, and tests/manifests checks that they agree.
+INSTALL_NAMESPACE = "sparkgate-system"
+ALLOCATOR_SERVICE_ACCOUNT = "sparkgate-allocator"
+ALLOCATOR_USER = f"system:serviceaccount:{INSTALL_NAMESPACE}:{ALLOCATOR_SERVICE_ACCOUNT}"
+ALLOCATOR_LEASE = "sparkgate-allocator"
+CERTS_LEASE = "sparkgate-certs"
+CERT_SECRET = "sparkgate-webhook-tls"
+WEBHOOK_SERVICE = "sparkgate-webhook"
+WEBHOOK_CONFIGURATION = "sparkgate"
+
 # Labels Spark sets on every executor pod (Spark's KubernetesConf / Constants); never changed by sparkgate.
 LABEL_ROLE = "spark-role"
 LABEL_APP_ID = "spark-app-selector"

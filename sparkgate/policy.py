@@ -308,7 +308,7 @@ DEFAULT_ALLOCATION: dict[str, float | int] = {
 }
 
 
-def load_policy(text: str, install_namespace: str = "sparkgate-system") -> Policy:
+def load_policy(text: str, install_namespace: str = contract.INSTALL_NAMESPACE) -> Policy:
     """Parse and validate a policy document, or raise PolicyError listing every problem."""
     try:
         document = yaml.safe_load(text)

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from sparkgate import contract
 from sparkgate.policy import PolicyError, load_policy
 
 
@@ -14,7 +15,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     verbs = policy.add_subparsers(dest="verb", required=True, metavar="VERB")
     check = verbs.add_parser("check", help="validate a policy file and summarise it")
     check.add_argument("file", help="policy YAML file")
-    check.add_argument("--install-namespace", default="sparkgate-system")
+    check.add_argument("--install-namespace", default=contract.INSTALL_NAMESPACE)
     check.set_defaults(run=_check)
 
 

@@ -11,7 +11,7 @@ import pytest
 from sparkgate.policy import Policy, load_policy
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = REPO.parent / "shared" / "fixtures" / "spark-4.3"
+FIXTURES = REPO / "tests" / "data" / "spark-4.3"
 EXAMPLE_POLICY = REPO / "sparkgate" / "examples" / "policy.yaml"
 
 

@@ -17,18 +17,19 @@ from typing import Any
 
 from flask import Flask, Response, request
 
+from sparkgate import contract
 from sparkgate.policy_file import PolicySource
 
 from . import metrics
 from .mutation import mutate, validate_update
-from .review import DEFAULT_ALLOCATOR_USER, MAX_BODY, BadReview, parse_review, review_response
+from .review import MAX_BODY, BadReview, parse_review, review_response
 
 log = logging.getLogger(__name__)
 
 
 def create_app(
     policy: PolicySource,
-    allocator_users: frozenset[str] = frozenset({DEFAULT_ALLOCATOR_USER}),
+    allocator_users: frozenset[str] = frozenset({contract.ALLOCATOR_USER}),
     clock: Callable[[], float] = time.perf_counter,
 ) -> Flask:
     app = Flask("sparkgate-webhook")

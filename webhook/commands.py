@@ -15,10 +15,11 @@ from typing import Any
 
 import yaml
 
+from sparkgate import contract
 from sparkgate.json_patch import apply_patch
 from sparkgate.policy import PolicyError, load_policy
 
-from .review import DEFAULT_ALLOCATOR_USER, BadReview, parse_review
+from .review import BadReview, parse_review
 
 
 def register(subparsers: Any) -> None:
@@ -29,7 +30,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--policy", required=True, help="policy file (YAML)")
     p.add_argument("--namespace", help="namespace of the pod when INPUT is a bare pod without one")
-    p.add_argument("--install-namespace", default="sparkgate-system")
+    p.add_argument("--install-namespace", default=contract.INSTALL_NAMESPACE)
     p.add_argument("--patch", action="store_true", help="print the JSON Patch operations instead")
     p.add_argument("input", help="a pod or an AdmissionReview, YAML or JSON; - for stdin")
     p.set_defaults(run=run_mutate)
@@ -43,14 +44,14 @@ def register(subparsers: Any) -> None:
         help="directory holding tls.crt and tls.key (the layout of a kubernetes.io/tls Secret volume)",
     )
     w.add_argument("--policy", default=env("SPARKGATE_POLICY", "/etc/sparkgate/policy/policy.yaml"))
-    w.add_argument("--install-namespace", default=env("SPARKGATE_NAMESPACE", "sparkgate-system"))
+    w.add_argument("--install-namespace", default=env("SPARKGATE_NAMESPACE", contract.INSTALL_NAMESPACE))
     w.add_argument("--workers", type=int, default=int(env("SPARKGATE_WEBHOOK_WORKERS", "2")))
     w.add_argument("--threads", type=int, default=int(env("SPARKGATE_WEBHOOK_THREADS", "4")))
     w.add_argument(
         "--allocator-user",
         action="append",
         default=None,
-        help=f"user allowed to remove the gate (repeatable; default {DEFAULT_ALLOCATOR_USER})",
+        help=f"user allowed to remove the gate (repeatable; default {contract.ALLOCATOR_USER})",
     )
     w.add_argument("--log-level", default=env("SPARKGATE_LOG_LEVEL", "info"))
     w.set_defaults(run=run_webhook)
@@ -117,7 +118,7 @@ def run_webhook(args: argparse.Namespace) -> int:
     from .server import ServerOptions, WebhookServer
 
     users = frozenset(
-        args.allocator_user or [os.environ.get("SPARKGATE_ALLOCATOR_USER", DEFAULT_ALLOCATOR_USER)]
+        args.allocator_user or [os.environ.get("SPARKGATE_ALLOCATOR_USER", contract.ALLOCATOR_USER)]
     )
     options = ServerOptions(
         bind=args.bind,

@@ -10,7 +10,6 @@ import json
 from typing import Any
 
 MAX_BODY = 3 * 1024 * 1024  # kube-apiserver's own limit on an object is 3 MiB
-DEFAULT_ALLOCATOR_USER = "system:serviceaccount:sparkgate-system:sparkgate-allocator"
 
 
 class BadReview(ValueError):

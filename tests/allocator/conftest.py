@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from kubesim.cluster import Cluster
+from sandbox.local_webhook import LocalWebhook
+from sandbox.localsystem import AllocatorProcess, LocalSystem
 from sparkgate import contract
-from sparkgate.localsystem import AllocatorProcess, LocalSystem
-from webhook.local import LocalWebhook
 
 POLICY = """
 apiVersion: sparkgate.io/v1alpha1

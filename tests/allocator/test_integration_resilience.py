@@ -21,10 +21,9 @@ import pytest
 
 import kubesim.apiserver
 from kubesim.cluster import Cluster
+from sandbox.local_webhook import LocalWebhook
+from sandbox.localsystem import AllocatorProcess, lease_holder, webhook_configurations
 from sparkgate import contract
-from sparkgate.localsystem import AllocatorProcess, lease_holder, webhook_configurations
-from webhook.local import LocalWebhook
-from webhook.review import DEFAULT_ALLOCATOR_USER
 
 NS = "spark"
 BATCH, PER_APP, PER_NS = 5, 10, 15
@@ -94,7 +93,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, observe: Any) -> Iter
     policy.write_text(POLICY)
     with (
         Cluster(nodes=4, node_cpu="8", node_memory="64Gi", start_delay=0.3, bookmark_interval=0.5) as cluster,
-        LocalWebhook(policy, tmp_path / "webhook", allocator_users=(DEFAULT_ALLOCATOR_USER,)) as webhook,
+        LocalWebhook(policy, tmp_path / "webhook", allocator_users=(contract.ALLOCATOR_USER,)) as webhook,
     ):
         cluster.add_namespace(NS)
         mutating, validating = webhook_configurations(webhook.url, webhook.ca_pem)

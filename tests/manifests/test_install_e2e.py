@@ -22,10 +22,10 @@ import pytest
 from certs.plan import CA_CRT, TLS_CRT, TLS_KEY, Lifetimes, Step
 from certs.sync import Target, sync_once
 from kubesim.cluster import Cluster
+from sandbox.local_webhook import LocalWebhook
+from sparkgate import contract
 from sparkgate.contract import ANNOTATION_PROFILE, GATE
 from sparkgate.kube import Kube, KubeError
-from webhook.local import LocalWebhook
-from webhook.review import DEFAULT_ALLOCATOR_USER
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICE_NAME = "sparkgate-webhook.sparkgate-system.svc"  # what kube-apiserver verifies
@@ -80,7 +80,7 @@ def install(kustomize: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> 
         for kind in ("Mutating", "Validating"):
             config = objects[(f"{kind}WebhookConfiguration", "sparkgate")]
             cluster.store.create(f"{kind.lower()}webhookconfigurations", config)
-        allocator = Kube.from_kubeconfig(str(cluster.add_user(DEFAULT_ALLOCATOR_USER)))
+        allocator = Kube.from_kubeconfig(str(cluster.add_user(contract.ALLOCATOR_USER)))
         result = Install(cluster, webhook, allocator, Target())
         assert result.sync() == (Step.CREATE,)
         result.mount_secret()

@@ -15,9 +15,9 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
+from sparkgate import contract
 from sparkgate.cli import build_parser
 from sparkgate.policy import load_policy
-from webhook.review import DEFAULT_ALLOCATOR_USER
 
 Obj = dict[str, Any]
 REPO = Path(__file__).resolve().parents[2]
@@ -136,9 +136,9 @@ def test_settings_match_what_the_code_reads(rendered: dict[tuple[str, str], Obj]
     webhook = containers(rendered)["webhook"]
     env = {e["name"]: e.get("value") for e in webhook["env"]}
     assert env["SPARKGATE_BIND"].endswith(f":{webhook['ports'][0]['containerPort']}")
-    assert env["SPARKGATE_ALLOCATOR_USER"] == DEFAULT_ALLOCATOR_USER
+    assert env["SPARKGATE_ALLOCATOR_USER"] == contract.ALLOCATOR_USER
     binding = rendered[("ClusterRoleBinding", "sparkgate-allocator")]["subjects"][0]
-    assert f"system:serviceaccount:{binding['namespace']}:{binding['name']}" == DEFAULT_ALLOCATOR_USER
+    assert f"system:serviceaccount:{binding['namespace']}:{binding['name']}" == contract.ALLOCATOR_USER
     if missing:
         pytest.skip(f"not registered yet: sparkgate {', '.join(missing)}")
 

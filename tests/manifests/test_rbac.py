@@ -26,8 +26,8 @@ from certs.lease import LeaseElector
 from certs.plan import Lifetimes
 from certs.sync import Target, sync_once
 from kubesim.cluster import Cluster
+from sparkgate import contract
 from sparkgate.kube import Kube
-from webhook.review import DEFAULT_ALLOCATOR_USER
 
 REPO = Path(__file__).resolve().parents[2]
 Obj = dict[str, Any]
@@ -168,7 +168,7 @@ def live_certs_requests(tmp_path: Path) -> list[tuple[str, str, str, str | None]
             }
             config = {"metadata": {"name": "sparkgate"}, "webhooks": [webhook]}
             cluster.store.create(f"{kind}webhookconfigurations", config)
-        kube = Kube.from_kubeconfig(str(cluster.add_user(DEFAULT_ALLOCATOR_USER)))
+        kube = Kube.from_kubeconfig(str(cluster.add_user(contract.ALLOCATOR_USER)))
         now = dt.datetime.now(dt.UTC)
         elector = LeaseElector(kube, "sparkgate-system", "sparkgate-certs", "pod-a", duration=180)
         assert elector.try_hold(now) and elector.try_hold(now)
@@ -178,7 +178,7 @@ def live_certs_requests(tmp_path: Path) -> list[tuple[str, str, str, str | None]
         kube.close()
         found = []
         for entry in cluster.requests.entries():
-            if entry.user == DEFAULT_ALLOCATOR_USER:
+            if entry.user == contract.ALLOCATOR_USER:
                 group = re.match(r"/apis/([^/]+)/", entry.path)
                 found.append((group.group(1) if group else "", entry.resource, entry.verb, entry.name))
         return found

@@ -1,6 +1,6 @@
 """Every dashboard query and every alert, proven on a real Prometheus scraping the real processes.
 
-sparkgate runs on kubesim (sparkgate.localsystem: the webhook under gunicorn over TLS, the allocator as a
+sparkgate runs on kubesim (sandbox.localsystem: the webhook under gunicorn over TLS, the allocator as a
 process) beside `sparkgate certs sync --loop`, and Prometheus (Debian's package, `make tools`) scrapes all
 three every second over loopback, the webhook over HTTPS verified with its CA. A workload made to bind the
 limits runs: Spark drivers on a cluster too small for them, one app held by a missing source ConfigMap,
@@ -42,8 +42,9 @@ import pytest
 import yaml
 
 from kubesim.sparkdriver import SparkDriver
-from sparkgate.localsystem import INSTALL_NAMESPACE, LocalSystem
-from webhook.local import free_port
+from sandbox.local_webhook import free_port
+from sandbox.localsystem import LocalSystem
+from sparkgate import contract
 
 T = TypeVar("T")
 PROMETHEUS = shutil.which("prometheus")
@@ -161,7 +162,7 @@ class CertsSync:
         self.log = workdir / "certs.log"
         args = [
             sys.executable, "-m", "sparkgate.cli", "certs", "sync", "--loop", "--interval", "1",
-            "--kubeconfig", str(system.cluster.kubeconfig("admin")), "--namespace", INSTALL_NAMESPACE,
+            "--kubeconfig", str(system.cluster.kubeconfig("admin")), "--namespace", contract.INSTALL_NAMESPACE,
             "--webhook-configuration", "not-the-test-webhook", "--identity", "certs-1",
             "--metrics-port", str(self.port),
         ]  # fmt: skip

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from sparkgate import contract
 
-FIXTURES = Path(__file__).parents[3] / "shared" / "fixtures" / "spark-4.3"
+FIXTURES = Path(__file__).parents[1] / "data" / "spark-4.3"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 

@@ -16,8 +16,8 @@ import jsonpatch
 import pytest
 from cryptography import x509
 
+from sandbox.local_webhook import LocalWebhook, write_serving_cert
 from sparkgate import contract
-from webhook.local import LocalWebhook, write_serving_cert
 
 from .test_mutation import executor, request_for
 

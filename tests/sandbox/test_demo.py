@@ -11,10 +11,10 @@ from typing import Any
 
 from rich.console import Console
 
+from sandbox.demo.scenarios import SCENARIOS, AppSpec
+from sandbox.demo.view import live_view, plain_line
+from sandbox.demo.workload import Run, Tracker
 from sparkgate import contract
-from sparkgate.demo.scenarios import SCENARIOS, AppSpec
-from sparkgate.demo.view import live_view, plain_line
-from sparkgate.demo.workload import Run, Tracker
 
 
 def processes_mentioning(text: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""Try the webhook in ten seconds: `python -m webhook.tryout` (`make run`).
+"""Try the webhook in ten seconds: `python -m sandbox.tryout` (`make run`).
 
 Starts the real webhook (gunicorn, TLS with a throwaway CA) on loopback with the example policy, sends it
 the AdmissionReview of a real Spark 4.3 executor pod over verified HTTPS, shows what it did, and stops.
@@ -19,11 +19,11 @@ from rich.syntax import Syntax
 
 from sparkgate.json_patch import apply_patch
 
-from .local import LocalWebhook
+from .local_webhook import LocalWebhook
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_POLICY = REPO / "sparkgate" / "examples" / "policy.yaml"
-FIXTURE = REPO.parent / "shared" / "fixtures" / "spark-4.3" / "etl-nightly-exec-1.admissionreview.json"
+FIXTURE = REPO / "tests" / "data" / "spark-4.3" / "etl-nightly-exec-1.admissionreview.json"
 
 FALLBACK_POD: dict[str, Any] = {
     "apiVersion": "v1",

@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from kubesim.sparkdriver import SparkDriver
+from sandbox.localsystem import LocalSystem
 from sparkgate import contract
-from sparkgate.localsystem import LocalSystem
-from webhook.review import DEFAULT_ALLOCATOR_USER
 
 from .scenarios import AppSpec, Scenario
 
@@ -310,7 +309,7 @@ class Run:
             unsubscribe()
         by_who: Counter[str] = Counter()
         for entry in cluster.requests.entries():
-            if entry.user == DEFAULT_ALLOCATOR_USER:
+            if entry.user == contract.ALLOCATOR_USER:
                 by_who["sparkgate"] += 1
             elif entry.user == DRIVER_USER:
                 by_who["spark drivers"] += 1

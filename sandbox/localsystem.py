@@ -25,12 +25,8 @@ from types import TracebackType
 from typing import Any
 
 from kubesim.cluster import Cluster
+from sandbox.local_webhook import LocalWebhook, free_port
 from sparkgate import contract
-from webhook.local import LocalWebhook, free_port
-from webhook.review import DEFAULT_ALLOCATOR_USER
-
-INSTALL_NAMESPACE = "sparkgate-system"
-LEASE = "sparkgate-allocator"
 
 
 def webhook_configurations(
@@ -49,7 +45,7 @@ def webhook_configurations(
                 {
                     "key": "kubernetes.io/metadata.name",
                     "operator": "NotIn",
-                    "values": ["kube-system", INSTALL_NAMESPACE],
+                    "values": ["kube-system", contract.INSTALL_NAMESPACE],
                 }
             ]
         },
@@ -84,9 +80,9 @@ def webhook_configurations(
     return mutating, validating
 
 
-def lease_holder(cluster: Cluster, lease: str = LEASE) -> str | None:
+def lease_holder(cluster: Cluster, lease: str = contract.ALLOCATOR_LEASE) -> str | None:
     """Who holds the allocator's Lease now (None when nobody does)."""
-    leases, _, _ = cluster.store.list_objects("leases", INSTALL_NAMESPACE)
+    leases, _, _ = cluster.store.list_objects("leases", contract.INSTALL_NAMESPACE)
     for obj in leases:
         if obj["metadata"]["name"] == lease:
             holder: str | None = (obj.get("spec") or {}).get("holderIdentity") or None
@@ -115,11 +111,11 @@ class AllocatorProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = workdir / f"allocator-{identity}.log"
-        kubeconfig = cluster.add_user(DEFAULT_ALLOCATOR_USER, ["system:serviceaccounts"])
+        kubeconfig = cluster.add_user(contract.ALLOCATOR_USER, ["system:serviceaccounts"])
         args = [
             sys.executable, "-m", "sparkgate.cli", "allocator",
-            "--kubeconfig", str(kubeconfig), "--policy", str(policy), "--namespace", INSTALL_NAMESPACE,
-            "--http", f"127.0.0.1:{self.port}", "--lease-name", LEASE, "--identity", identity,
+            "--kubeconfig", str(kubeconfig), "--policy", str(policy), "--namespace", contract.INSTALL_NAMESPACE,
+            "--http", f"127.0.0.1:{self.port}", "--lease-name", contract.ALLOCATOR_LEASE, "--identity", identity,
             "--tick", str(tick), "--lease-duration", str(lease_duration),
             "--renew-deadline", str(renew_deadline), "--retry-period", str(retry_period),
             "--log-level", log_level,
@@ -182,7 +178,7 @@ class LocalSystem:
                 self.cluster.add_namespace(namespace)
             if self.sparkgate:
                 self.webhook = LocalWebhook(
-                    self.policy, self.workdir / "webhook", allocator_users=(DEFAULT_ALLOCATOR_USER,)
+                    self.policy, self.workdir / "webhook", allocator_users=(contract.ALLOCATOR_USER,)
                 )
                 self.webhook.start()
                 mutating, validating = webhook_configurations(self.webhook.url, self.webhook.ca_pem)
