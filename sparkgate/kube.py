@@ -1,8 +1,7 @@
 """All of sparkgate's Kubernetes I/O: one ApiClient, raw JSON, retries, typed errors, list and watch.
 
-The generated models of the official client cost ~0.5 ms per pod (../shared/reference/
-python-building-blocks.md, 2.1) and its Watch has a hidden retry loop that resends stale
-resourceVersions (2.2), so sparkgate uses the client only for what it does well: configuration,
+The generated models of the official client cost ~0.5 ms per pod to deserialize, and its Watch has a
+hidden retry loop that resends stale resourceVersions (docs/architecture.md, "Decisions"), so sparkgate uses the client only for what it does well: configuration,
 authentication (including the in-cluster token refresh) and its urllib3 connection pool. Requests are built
 as paths and dicts here; bodies are JSON. 429, 5xx and connection errors are retried with exponential
 backoff and jitter (honouring Retry-After); 409 and 422 are never retried: they mean "re-read and

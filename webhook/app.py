@@ -3,7 +3,7 @@
 `POST /mutate` and `POST /validate` take and return AdmissionReview `admission.k8s.io/v1`, echoing the
 request uid. A body that is not an AdmissionReview gets a 400 (413 when over 3 MiB) whose text says what
 is wrong; an unexpected error while mutating gives "allowed, no patch", a log line naming the pod, and a
-metric, because a denied executor pod is an executor failure to Spark (DESIGN.md).
+metric, because a denied executor pod is an executor failure to Spark (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ maps; lists merge by their natural key (containers, env, volumes, ports by name,
 path, devices by device path) and other lists by whole value, appending what the pod lacks; for scalars
 and everything else the pod wins, except at the paths the profile lists as overrides, where the template's
 value replaces the pod's. In the template, a container named `spark-kubernetes-executor` stands for
-Spark's container whatever its name in the pod (DESIGN.md says how that container is found).
+Spark's container whatever its name in the pod (sparkgate.contract.spark_container_index says how that container is found).
 
 The merge never mutates its inputs: it returns a new tree that shares every untouched subtree with the
 pod, so the patch builder can skip them by identity and the hot path copies almost nothing.

@@ -1,7 +1,7 @@
 """The webhook's Prometheus metrics, shared by gunicorn's worker processes.
 
 gunicorn forks workers, so the metrics live in prometheus-client's multiprocess mode: the directory named
-by PROMETHEUS_MULTIPROC_DIR is wiped by the master before the first fork (webhook/gunicorn_conf.py), each
+by PROMETHEUS_MULTIPROC_DIR is wiped by the master before the first fork (webhook/server.py, its `on_starting` hook), each
 worker writes its own files, and `/metrics` aggregates them with a fresh registry per scrape. Without that
 directory (tests calling the Flask app in-process) the default registry is used.
 """

@@ -4,7 +4,7 @@
 CREATE of a Pod with Spark's executor role and an app id, outside the excluded namespaces, is changed: the
 first matching profile's template is merged in (webhook/merge.py), its labels and annotations added, its
 config maps mounted from the per-app copies the allocator creates, and the gate appended. Spark's own
-labels are never changed. The webhook never denies an executor pod (DESIGN.md: a denied creation is an
+labels are never changed. The webhook never denies an executor pod (docs/architecture.md: a denied creation is an
 executor failure to Spark), so the only outcomes are a patch or no patch.
 
 `validate_update(request, allocator_users)` is the gate protection: an UPDATE that removes the sparkgate

@@ -1,6 +1,6 @@
 """The webhook under gunicorn, over TLS, as the container runs it.
 
-Settings follow ../shared/reference/python-building-blocks.md (section 3): `gthread` workers, because the
+Settings (docs/architecture.md, "Decisions"): `gthread` workers, because the
 API server reuses idle HTTP/1.1 connections and `sync` closes every one; keep-alive above the API server's
 90 s idle timeout so the client closes first; an `ssl_context` hook that caches the context per certificate
 file identity, so a rotated certificate (a Secret volume swaps a symlink) is served to the next new
