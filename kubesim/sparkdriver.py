@@ -1,6 +1,6 @@
 """A simulated Spark 4.x driver: executor pods requested as Spark's ExecutorPodsAllocator requests them.
 
-Follows ../shared/reference/spark-executor-allocation.md (1.1-1.8, 2.1-2.3) and what was measured on Spark
+Follows Spark's ExecutorPodsAllocator (resource-managers/kubernetes, Spark 3.x-4.x) and what was measured on Spark
 4.3 (tests/data/spark-4.3/README.md), over HTTP with its own service account like the real driver:
 - a driver pod (optional) that owns the executors, and the executor conf ConfigMap;
 - every `batch_delay` an allocation cycle on the latest snapshot of its pods (kept by a watch):
