@@ -1,0 +1,80 @@
+"""`sparkgate policy check` refuses template fields that the API server's admission chain refuses or that
+would take executor pods out of sparkgate's hands, naming the key and why (docs/policy.md, "Admission
+plugins"). A refused policy keeps the last good one in force (tests/sparkgate/test_policy_file.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparkgate.policy import REFUSED_LABELS, REFUSED_TEMPLATE_FIELDS, PolicyError, load_policy
+
+HEAD = "apiVersion: sparkgate.io/v1alpha1\nkind: Policy\nprofiles:\n  - name: p\n"
+
+
+def errors_of(profile: str) -> list[str]:
+    with pytest.raises(PolicyError) as info:
+        load_policy(HEAD + profile)
+    return info.value.errors
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "why"),
+    [
+        ("nodeName", "node-1", "bypassing the scheduler and sparkgate's gate"),
+        ("priority", "1000", "Priority admission plugin computes it"),
+        ("preemptionPolicy", "Never", "takes it from the PriorityClass"),
+        ("overhead", "{cpu: 100m}", "RuntimeClass admission plugin"),
+        ("serviceAccount", "spark", "deprecated alias"),
+        ("schedulingGates", "[{name: other.io/gate}]", "the only one on executor pods"),
+        ("ephemeralContainers", "[{name: debug, image: busybox}]", "refuses ephemeral containers"),
+        ("activeDeadlineSeconds", "600", "Terminating scope"),
+    ],
+)
+def test_a_template_field_the_chain_refuses_is_named_with_its_reason(
+    field: str, value: str, why: str
+) -> None:
+    errors = errors_of(f"    template:\n      spec:\n        {field}: {value}\n")
+    assert len(errors) == 1 and errors[0].startswith(f"profiles[0].template.spec.{field}: a template may not")
+    assert why in errors[0]
+
+
+def test_every_refused_field_is_covered_above() -> None:
+    assert {path[1] for path in REFUSED_TEMPLATE_FIELDS} == {
+        "nodeName",
+        "priority",
+        "preemptionPolicy",
+        "overhead",
+        "serviceAccount",
+        "schedulingGates",
+        "ephemeralContainers",
+        "activeDeadlineSeconds",
+    }
+
+
+@pytest.mark.parametrize("key", sorted(REFUSED_LABELS))
+def test_topology_labels_are_refused_in_the_template_and_the_profile(key: str) -> None:
+    errors = errors_of(
+        f"    template:\n      metadata:\n        labels: {{{key}: a}}\n    labels: {{{key}: a}}\n"
+    )
+    assert errors == [
+        f"profiles[0].template.metadata.labels.{key}: a template may not set this label: "
+        "the PodTopologyLabels admission plugin copies the node's value onto the pod when it is bound",
+        f"profiles[0].labels.{key}: a profile may not set this label: "
+        "the PodTopologyLabels admission plugin copies the node's value onto the pod when it is bound",
+    ]
+
+
+def test_fields_the_plugins_derive_from_are_allowed() -> None:
+    policy = load_policy(
+        HEAD
+        + """    template:
+      spec:
+        priorityClassName: spark-batch
+        runtimeClassName: gvisor
+        serviceAccountName: spark-exec
+        automountServiceAccountToken: false
+        tolerations: [{key: node.kubernetes.io/not-ready, operator: Exists, effect: NoExecute}]
+    overrides: [spec.priorityClassName, spec.serviceAccountName]
+"""
+    )
+    assert policy.profiles[0].template["spec"]["priorityClassName"] == "spark-batch"
