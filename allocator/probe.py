@@ -95,11 +95,22 @@ class PolicyProbe:
         return results
 
     def run(self, stop: threading.Event, leading: Callable[[], bool], poll: float = 5.0) -> None:
-        """Until `stop`: probe whenever this allocator leads and a probe is due."""
+        """Until `stop`: probe whenever this allocator leads and a probe is due; forget when it does not."""
         while not stop.is_set():
-            if leading() and self.due():
-                self.run_once()
+            if leading():
+                if self.due():
+                    self.run_once()
+            elif self._series:
+                self.forget()
             stop.wait(poll)
+
+    def forget(self) -> None:
+        """Drop every exported result: a follower's would go stale while the leader probes on."""
+        for key in self._series:
+            with contextlib.suppress(KeyError):
+                self.metrics.probe_admitted.remove(*key)
+        self._series = set()
+        self._last = None
 
     def start(self, stop: threading.Event, leading: Callable[[], bool]) -> threading.Thread:
         thread = threading.Thread(target=self.run, args=(stop, leading), name="policy-probe", daemon=True)
