@@ -78,3 +78,20 @@ def test_fields_the_plugins_derive_from_are_allowed() -> None:
 """
     )
     assert policy.profiles[0].template["spec"]["priorityClassName"] == "spark-batch"
+
+
+def test_docs_policy_lists_every_refused_field_and_every_derived_rule() -> None:
+    from pathlib import Path
+
+    from webhook.derived import RULES
+
+    doc = (Path(__file__).parents[2] / "docs" / "policy.md").read_text()
+    section = doc[doc.index("## Admission plugins") :]
+    for path in REFUSED_TEMPLATE_FIELDS:
+        assert f"| `{'.'.join(path)}` |" in section, path
+    for key in REFUSED_LABELS:
+        assert f"`{key}`" in section, key
+    for rule in RULES:
+        assert f"\n| {rule.plugin} |" in section, rule.plugin
+        for source in rule.sources:
+            assert f"`spec.{source}`" in section, source
