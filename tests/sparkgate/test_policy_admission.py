@@ -4,6 +4,8 @@ plugins"). A refused policy keeps the last good one in force (tests/sparkgate/te
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sparkgate.policy import REFUSED_LABELS, REFUSED_TEMPLATE_FIELDS, PolicyError, load_policy
@@ -81,8 +83,6 @@ def test_fields_the_plugins_derive_from_are_allowed() -> None:
 
 
 def test_docs_policy_lists_every_refused_field_and_every_derived_rule() -> None:
-    from pathlib import Path
-
     from webhook.derived import RULES
 
     doc = (Path(__file__).parents[2] / "docs" / "policy.md").read_text()
@@ -95,3 +95,19 @@ def test_docs_policy_lists_every_refused_field_and_every_derived_rule() -> None:
         assert f"\n| {rule.plugin} |" in section, rule.plugin
         for source in rule.sources:
             assert f"`spec.{source}`" in section, source
+
+
+def test_a_running_container_refuses_such_a_policy_and_keeps_the_last_good_one(tmp_path: Path) -> None:
+    from sparkgate.policy_file import PolicySource
+
+    path = tmp_path / "policy.yaml"
+    path.write_text(HEAD + "    template: {spec: {priorityClassName: spark-batch}}\n")
+    now = [0.0]
+    source = PolicySource(str(path), "sparkgate-system", clock=lambda: now[0], check_interval=1)
+    good = source.current()
+    assert good is not None
+    path.write_text(HEAD + "    template: {spec: {priorityClassName: spark-batch, priority: 1000}}\n")
+    now[0] += 2
+    assert source.current() is good
+    assert source.last_error is not None
+    assert source.last_error.startswith("profiles[0].template.spec.priority: a template may not set this")
