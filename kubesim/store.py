@@ -365,6 +365,8 @@ class Store:
         obj["apiVersion"], obj["kind"] = r.api_version, r.kind
         if resource == "pods":
             podrules.default_pod(obj)
+        elif resource == "priorityclasses":
+            obj.setdefault("preemptionPolicy", "PreemptLowerPriority")  # scheduling/v1 defaulting
         request, admitted = self._admit("CREATE", resource, obj, None, user, dry_run)
         # BeforeCreate, between the mutating and the validating phase: a generated name is chosen.
         name = meta.get("name") or meta["generateName"] + uuid.uuid4().hex[:5]

@@ -138,7 +138,8 @@ def test_a_missing_priority_class_is_refused(
 def test_global_default_and_system_priority_classes(cluster: Cluster, core: client.CoreV1Api) -> None:
     """priority/admission.go: without a class a pod gets the globalDefault class (name, value, policy);
     system-cluster-critical exists from the start (scheduling SystemPriorityClasses); a second default is
-    refused by validatePriorityClass."""
+    refused by validatePriorityClass; pkg/apis/scheduling/validation reserves the `system-` prefix; the
+    v1 API defaults preemptionPolicy."""
     scheduling = client.SchedulingV1Api(core.api_client)
     names = {pc.metadata.name: pc.value for pc in scheduling.list_priority_class().items}
     assert names == {"system-cluster-critical": 2000000000, "system-node-critical": 2000001000}
@@ -156,6 +157,16 @@ def test_global_default_and_system_priority_classes(cluster: Cluster, core: clie
         'priorityclasses.scheduling.k8s.io "other" is forbidden: PriorityClass low is already marked as '
         "default. Only one default can exist",
     )
+    with pytest.raises(client.ApiException) as e:
+        scheduling.create_priority_class({"metadata": {"name": "system-mine"}, "value": 20})
+    assert refusal(e) == (
+        422,
+        'PriorityClass "system-mine" is invalid: metadata.name: Forbidden: priority class names with '
+        "'system-' prefix are reserved for system use only. error: system-mine is not a known system "
+        "priority class",
+    )
+    created_class = scheduling.create_priority_class({"metadata": {"name": "batch"}, "value": 5})
+    assert created_class.preemption_policy == "PreemptLowerPriority"
 
 
 # --- ServiceAccount, DefaultTolerationSeconds --------------------------------------------------------------
@@ -408,3 +419,30 @@ def test_zone_and_region_labels_are_copied_onto_a_pod_at_binding(
     )
     labels = core.read_namespaced_pod("p", "spark").metadata.labels
     assert labels == {"topology.kubernetes.io/zone": "eu-1a", "topology.kubernetes.io/region": "eu-1"}
+
+
+# --- reinvocation -----------------------------------------------------------------------------------------
+
+
+def test_webhooks_with_reinvocation_if_needed_see_later_changes(
+    cluster: Cluster, core: client.CoreV1Api
+) -> None:
+    """staging/src/k8s.io/apiserver/pkg/admission/plugin/webhook/mutating/dispatcher.go: a webhook with
+    `reinvocationPolicy: IfNeeded` is called again when a later webhook changed the object (after the
+    in-tree plugins ran again); one with `Never` (the default) is called once."""
+    label = [{"op": "add", "path": "/metadata/labels/first", "value": "1"}]
+    first, never = TinyWebhook(patching(label)), TinyWebhook(patching(label))
+    second = TinyWebhook(patching([{"op": "add", "path": "/metadata/labels/second", "value": "2"}]))
+    try:
+        cluster.store.create(
+            "mutatingwebhookconfigurations", first.config("a.example.com", reinvocationPolicy="IfNeeded")
+        )
+        cluster.store.create("mutatingwebhookconfigurations", never.config("b.example.com"))
+        cluster.store.create("mutatingwebhookconfigurations", second.config("c.example.com"))
+        created = core.create_namespaced_pod("spark", executor_pod("e1"))
+        assert created.metadata.labels["second"] == "2"
+        assert [len(first.requests), len(never.requests), len(second.requests)] == [2, 1, 1]
+        assert first.requests[1]["object"]["metadata"]["labels"]["second"] == "2"
+    finally:
+        for hook in (first, never, second):
+            hook.close()
