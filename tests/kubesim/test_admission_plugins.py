@@ -446,3 +446,16 @@ def test_webhooks_with_reinvocation_if_needed_see_later_changes(
     finally:
         for hook in (first, never, second):
             hook.close()
+
+
+def test_namespace_lifecycle_comes_before_every_other_plugin(
+    cluster: Cluster, core: client.CoreV1Api, mutating: Callable[[Patch], TinyWebhook]
+) -> None:
+    """NamespaceLifecycle is first in AllOrderedPlugins (staging/src/k8s.io/apiserver/pkg/admission/plugin/
+    namespace/lifecycle/admission.go): a pod for a missing namespace is 404 NotFound, not a ServiceAccount
+    refusal, and no webhook is called."""
+    hook = mutating([])
+    with pytest.raises(client.ApiException) as e:
+        core.create_namespaced_pod("nowhere", executor_pod("e1"))
+    assert refusal(e) == (404, 'namespaces "nowhere" not found')
+    assert hook.requests == []
