@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from sparkgate.json_patch import PatchError, apply_patch
 
-from . import matching, podplugins, podrules, policy
+from . import cel, matching, podplugins, podrules, policy
 from .errors import ApiError, bad_request, forbidden
 from .resources import RESOURCES
 from .store import AdmissionRequest, Obj, Store
@@ -131,11 +131,9 @@ class WebhookAdmission:
             return False
         conditions = webhook.get("matchConditions") or []
         if conditions:
-            variables = {
-                "object": obj,
-                "oldObject": request.old,
-                "request": matching.cel_request(request, obj),
-            }
+            variables = cel.Inputs(
+                {"object": obj, "oldObject": request.old, "request": matching.cel_request(request, obj)}
+            )
             error = matching.match_conditions(conditions, variables, webhook.get("failurePolicy", "Fail"))
             if error == "":
                 return False

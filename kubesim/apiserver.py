@@ -240,7 +240,7 @@ class _Handler(BaseHTTPRequestHandler):
         path = path.rstrip("/")
         if path == "/version":
             self._send(
-                200, {"major": "1", "minor": "33", "gitVersion": "v1.33.0-kubesim", "platform": "linux/amd64"}
+                200, {"major": "1", "minor": "36", "gitVersion": "v1.36.0-kubesim", "platform": "linux/amd64"}
             )
         elif path == "/api":
             self._send(200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})

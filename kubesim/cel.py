@@ -15,6 +15,7 @@ k8s.io/apiserver/pkg/admission/plugin/cel/filter.go: `expression '<expr>' result
 from __future__ import annotations
 
 import functools
+import re
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -47,10 +48,33 @@ def check(expression: str) -> None:
     _program(expression)
 
 
-def evaluate(expression: str, variables: Mapping[str, Any]) -> Any:
+class Inputs:
+    """The variables of a set of expressions: each JSON document is converted to CEL once, and only when
+    an expression names it (a Spark executor pod takes milliseconds to convert)."""
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self._values = dict(values)
+        self._converted: dict[str, Any] = {}
+
+    def set(self, name: str, value: Any) -> None:
+        self._values[name] = value
+        self._converted.pop(name, None)
+
+    def activation(self, expression: str) -> dict[str, Any]:
+        out = {}
+        for name, value in self._values.items():
+            if re.search(rf"\b{re.escape(name)}\b", expression):
+                if name not in self._converted:
+                    self._converted[name] = json_to_cel(value)
+                out[name] = self._converted[name]
+        return out
+
+
+def evaluate(expression: str, variables: Inputs | Mapping[str, Any]) -> Any:
     """The expression's value as plain Python (bool, str, int, float, list, dict, None)."""
     program = _program(expression)
-    activation = {name: json_to_cel(value) for name, value in variables.items()}
+    inputs = variables if isinstance(variables, Inputs) else Inputs(variables)
+    activation = inputs.activation(expression)
     try:
         result = program.evaluate(activation)
     except CELEvalError as e:

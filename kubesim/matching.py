@@ -94,7 +94,7 @@ def review_request(request: AdmissionRequest, obj: Obj | None) -> Obj:
     return body
 
 
-def match_conditions(conditions: list[Obj], variables: Mapping[str, Any], failure_policy: str) -> str | None:
+def match_conditions(conditions: list[Obj], variables: cel.Inputs, failure_policy: str) -> str | None:
     """matchconditions/matcher.go: None when every condition is true, "" when one is false (or one fails to
     evaluate under Ignore), else the evaluation error (under Fail)."""
     errors = []

@@ -247,6 +247,17 @@ def _priority_update(request: AdmissionRequest, pod: Obj) -> None:
             spec[field] = old_spec[field]
 
 
+def _unknown_system_class(name: str, value: int, global_default: bool) -> str:
+    """scheduling/v1 IsKnownSystemPriorityClass: why the class is not one of the system classes, or ""."""
+    if name not in SYSTEM_PRIORITY_CLASSES:
+        return f"{name} is not a known system priority class"
+    if SYSTEM_PRIORITY_CLASSES[name] != value:
+        return f"value of {name} PriorityClass must be {SYSTEM_PRIORITY_CLASSES[name]}"
+    if global_default:
+        return f"globalDefault of {name} PriorityClass must be false"
+    return ""
+
+
 def _default_priority_class(store: Store) -> Obj | None:
     classes, _, _ = store.list_objects("priorityclasses")
     defaults = [c for c in classes if c.get("globalDefault")]
@@ -257,15 +268,16 @@ def _validate_priority_class(store: Store, request: AdmissionRequest, obj: Obj) 
     name = obj["metadata"].get("name", "")
     value = int(obj.get("value") or 0)
     if name.startswith("system-"):
-        if SYSTEM_PRIORITY_CLASSES.get(name) != value or obj.get("globalDefault"):
+        problem = _unknown_system_class(name, value, bool(obj.get("globalDefault")))
+        if problem:
             raise invalid(
                 "PriorityClass",
                 name,
                 [
                     (
                         "metadata.name",
-                        "Forbidden: priority class names with 'system-' prefix are reserved for system use only. "
-                        f"error: {name} is not a known system priority class",
+                        "Forbidden: priority class names with 'system-' prefix are reserved for system use "
+                        f"only. error: {problem}",
                     )
                 ],
             )
@@ -282,7 +294,7 @@ def _validate_priority_class(store: Store, request: AdmissionRequest, obj: Obj) 
         )
     if obj.get("globalDefault"):
         default = _default_priority_class(store)
-        if default is not None and default["metadata"]["name"] != name:
+        if default is not None and (request.operation == "CREATE" or default["metadata"]["name"] != name):
             raise forbidden(
                 "priorityclasses",
                 name,

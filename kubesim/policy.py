@@ -63,13 +63,15 @@ _ANY = {"apiGroups": ["*"], "apiVersions": ["*"], "operations": ["*"], "resource
 def _evaluate(store: Store, request: AdmissionRequest, obj: Obj | None, spec: Obj) -> tuple[str, str] | None:
     """(reason, message) of the first failed validation, or None when the request is allowed."""
     failure_policy = spec.get("failurePolicy") or "Fail"
-    variables: dict[str, Any] = {
-        "object": obj,
-        "oldObject": request.old,
-        "request": matching.cel_request(request, obj),
-        "params": None,
-        "namespaceObject": _namespace(store, request),
-    }
+    variables = cel.Inputs(
+        {
+            "object": obj,
+            "oldObject": request.old,
+            "request": matching.cel_request(request, obj),
+            "params": None,
+            "namespaceObject": _namespace(store, request),
+        }
+    )
     error = matching.match_conditions(spec.get("matchConditions") or [], variables, failure_policy)
     if error == "":
         return None
@@ -77,13 +79,12 @@ def _evaluate(store: Store, request: AdmissionRequest, obj: Obj | None, spec: Ob
         return "Invalid", error
     computed: dict[str, Any] = {}
     for variable in spec.get("variables") or []:
+        variables.set("variables", computed)
         try:
-            computed[str(variable.get("name"))] = cel.evaluate(
-                str(variable.get("expression", "")), {**variables, "variables": computed}
-            )
+            computed[str(variable.get("name"))] = cel.evaluate(str(variable.get("expression", "")), variables)
         except cel.CelError:
             continue  # a validation that uses it fails to evaluate in turn
-    variables["variables"] = computed
+    variables.set("variables", computed)
     for validation in spec.get("validations") or []:
         expression = str(validation.get("expression", ""))
         try:
@@ -98,7 +99,7 @@ def _evaluate(store: Store, request: AdmissionRequest, obj: Obj | None, spec: Ob
     return None
 
 
-def _message(validation: Obj, variables: dict[str, Any]) -> str:
+def _message(validation: Obj, variables: cel.Inputs) -> str:
     if validation.get("messageExpression"):
         try:
             text = cel.evaluate(str(validation["messageExpression"]), variables)

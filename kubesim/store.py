@@ -365,6 +365,10 @@ class Store:
         obj["apiVersion"], obj["kind"] = r.api_version, r.kind
         if resource == "pods":
             podrules.default_pod(obj)
+        elif resource == "priorityclasses":
+            obj.setdefault("preemptionPolicy", "PreemptLowerPriority")  # scheduling/v1 defaulting
+        with self._lock:  # NamespaceLifecycle, the first plugin: before any other admission
+            self._check_namespace(r, meta.get("namespace", ""), meta.get("name", ""))
         request, admitted = self._admit("CREATE", resource, obj, None, user, dry_run)
         # BeforeCreate, between the mutating and the validating phase: a generated name is chosen.
         name = meta.get("name") or meta["generateName"] + uuid.uuid4().hex[:5]
@@ -376,16 +380,7 @@ class Store:
         check_metadata(r.kind, obj, namespace_name=resource == "namespaces")
         self._validate(request, obj)
         with self._lock:
-            if r.namespaced and (ns and ("", ns) not in self._objects["namespaces"]):
-                raise not_found("namespaces", ns)
-            if r.namespaced and self._objects["namespaces"][("", ns)]["metadata"].get("deletionTimestamp"):
-                raise ApiError(
-                    403,
-                    "Forbidden",
-                    f'{resource} "{name}" is forbidden: unable to create new content in namespace {ns} '
-                    "because it is being terminated",
-                    {"name": name, "kind": resource},
-                )
+            self._check_namespace(r, ns, name)
             if (ns, name) in self._objects[resource]:
                 raise already_exists(resource, name)
             obj["metadata"].update(
@@ -406,6 +401,22 @@ class Store:
         if resource == "namespaces":
             self.create("serviceaccounts", {"metadata": {"name": "default"}}, namespace=name)
         return stored
+
+    def _check_namespace(self, r: Resource, ns: str, name: str) -> None:
+        """NamespaceLifecycle: no content in a namespace that does not exist or is being terminated."""
+        if not r.namespaced:
+            return
+        namespace = self._objects["namespaces"].get(("", ns))
+        if namespace is None:
+            raise not_found("namespaces", ns)
+        if namespace["metadata"].get("deletionTimestamp"):
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'{r.plural} "{name}" is forbidden: unable to create new content in namespace {ns} '
+                "because it is being terminated",
+                {"name": name, "kind": r.plural},
+            )
 
     def replace(
         self,
