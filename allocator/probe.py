@@ -99,7 +99,10 @@ class PolicyProbe:
         while not stop.is_set():
             if leading():
                 if self.due():
-                    self.run_once()
+                    try:
+                        self.run_once()
+                    except Exception:  # a bug must not end the probe for the life of the process
+                        log.exception("policy probe failed unexpectedly (tried again at the next interval)")
             elif self._series:
                 self.forget()
             stop.wait(poll)
