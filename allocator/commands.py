@@ -43,6 +43,14 @@ def register(subparsers: Any) -> None:
     a.add_argument("--renew-deadline", type=float, default=10.0)
     a.add_argument("--retry-period", type=float, default=2.0)
     a.add_argument("--log-level", default=env("SPARKGATE_LOG_LEVEL", "info"))
+    # --- policy probe (issue 12) ---
+    a.add_argument(
+        "--probe-interval",
+        type=float,
+        default=300.0,
+        help="seconds between dry-run probes of the policy's profiles while leading (0: never)",
+    )
+    # --- end policy probe ---
     a.set_defaults(run=run_allocator)
 
     s = subparsers.add_parser("status", help="show the allocator's view of every app")
@@ -83,6 +91,14 @@ def run_allocator(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: controller.stop_event.set())
     server.start()
     controller.start()
+    # --- policy probe (issue 12): the leader dry-runs each profile's executor pod (allocator/probe.py) ---
+    if args.probe_interval > 0:
+        from .probe import PolicyProbe
+
+        PolicyProbe(kube, policy, metrics, args.namespace, args.identity, interval=args.probe_interval).start(
+            controller.stop_event, lambda: controller.elector.leading
+        )
+    # --- end policy probe ---
     try:
         controller.run()
     except KeyboardInterrupt:

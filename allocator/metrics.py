@@ -112,6 +112,15 @@ class AllocatorMetrics:
         self.ready = Gauge(
             "sparkgate_allocator_cache_synced", "1 once every reflector has listed.", registry=r
         )
+        # --- policy probe (issue 12; allocator/probe.py) ---
+        self.probe_admitted = Gauge(
+            "sparkgate_allocator_policy_probe_admitted",
+            "1 when the API server admits a dry-run executor pod of the profile in the namespace, 0 when it "
+            "refuses it.",
+            ["profile", "namespace"],
+            registry=r,
+        )
+        # --- end policy probe ---
         self._app_series: set[AppKey] = set()
         # Series whose label values are known in advance exist from the start at 0: increase() and rate()
         # cannot see a counter's first increments when its series appears with them.

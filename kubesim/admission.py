@@ -1,36 +1,91 @@
-"""Dynamic admission as kube-apiserver does it: mutating webhooks, then validating webhooks.
+"""The admission chain of kube-apiserver: built-in plugins, admission webhooks and admission policies.
 
-https://kubernetes.io/docs/reference/access-authn-authz/extensible-admission-controllers/ — a webhook is
-called when a rule matches the operation and the resource (`pods`, `*`, `pods/*`), the namespace's labels
-match `namespaceSelector` (every namespace carries `kubernetes.io/metadata.name`), and the object's labels
-(old or new) match `objectSelector`. The call is an AdmissionReview v1 POSTed over HTTPS verified against
-`caBundle`, within `timeoutSeconds` (default 10). A JSONPatch answer is applied; a denial reaches the client
-as `admission webhook "NAME" denied the request: ...`; a failed call is ignored under `failurePolicy:
-Ignore` and refuses the request under `Fail` (the v1 default). Connections are kept alive per thread, as
-the API server reuses idle HTTP/1.1 connections.
+Order (kubernetes/kubernetes pkg/kubeapiserver/options/plugins.go, `AllOrderedPlugins`, default-on plugins):
+mutating phase: the in-tree mutating plugins (podplugins.py: LimitRanger, ServiceAccount, Priority,
+DefaultTolerationSeconds, RuntimeClass, PodTopologyLabels), then MutatingAdmissionWebhook; when a webhook
+changed the object, the whole mutating phase runs once more (k8s.io/apiserver/pkg/admission/reinvocation.go):
+every in-tree plugin again, and the webhooks with `reinvocationPolicy: IfNeeded` that ran before a later
+change. Validating phase: the in-tree validating plugins (ServiceAccount, PodSecurity, Priority,
+RuntimeClass), ValidatingAdmissionPolicy (policy.py), ValidatingAdmissionWebhook; ResourceQuota last, in
+the store, atomically with the write (quota.py).
+
+Webhooks (https://kubernetes.io/docs/reference/access-authn-authz/extensible-admission-controllers/): a
+webhook is called when a rule matches the operation and the resource (`pods`, `*`, `pods/*`), the
+namespace's labels match `namespaceSelector` (every namespace carries `kubernetes.io/metadata.name`), the
+object's labels (old or new) match `objectSelector`, and every `matchConditions` CEL expression is true (an
+expression that fails to evaluate skips the webhook under `failurePolicy: Ignore` and refuses the request
+under `Fail`). The call is an AdmissionReview v1 POSTed over HTTPS verified against `caBundle`, within
+`timeoutSeconds` (default 10). A JSONPatch answer is applied and the result defaulted again, as the API
+server decodes it; a denial reaches the client as `admission webhook "NAME" denied the request: ...`; a
+failed call is ignored under `failurePolicy: Ignore` and refuses the request under `Fail` (the v1 default).
+On a dry run (`dryRun=All`) a webhook whose `sideEffects` is not None or NoneOnDryRun is not called and the
+request fails with 400 `admission webhook "NAME" does not support dry run`. Connections are kept alive per
+thread, as the API server reuses idle HTTP/1.1 connections.
 """
 
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import http.client
 import json
 import ssl
 import threading
 import urllib.parse
-import uuid
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass, field
 
 from sparkgate.json_patch import PatchError, apply_patch
 
-from .errors import ApiError
+from . import cel, matching, podplugins, podrules, policy
+from .errors import ApiError, bad_request, forbidden
 from .resources import RESOURCES
-from .selectors import match_label_selector_object
 from .store import AdmissionRequest, Obj, Store
 
 ServiceResolver = Mapping[tuple[str, str], str]
+
+
+class AdmissionChain:
+    """Store.admit (the mutating phase) and Store.validate (the validating phase) of a cluster."""
+
+    def __init__(self, store: Store, webhooks: WebhookAdmission) -> None:
+        self.store = store
+        self.webhooks = webhooks
+
+    def mutate(self, request: AdmissionRequest) -> Obj | None:
+        if request.obj is None:
+            return None
+        obj = copy.deepcopy(request.obj)
+        podplugins.mutate(self.store, request, obj)
+        state = _Reinvocation()
+        obj = self.webhooks.mutate(request, obj, state)
+        if state.should_reinvoke:
+            state.is_reinvoke = True
+            podplugins.mutate(self.store, request, obj)
+            obj = self.webhooks.mutate(request, obj, state)
+        return obj
+
+    def validate(self, request: AdmissionRequest, obj: Obj | None) -> None:
+        if obj is not None:
+            podplugins.validate(self.store, request, obj)
+        policy.validate(self.store, request, obj)
+        self.webhooks.validate(request, obj)
+
+
+@dataclass
+class _Reinvocation:
+    """reinvocation.go's context and the mutating dispatcher's webhookReinvokeContext."""
+
+    should_reinvoke: bool = False
+    is_reinvoke: bool = False
+    last_output: Obj | None = None
+    previously_invoked: set[str] = field(default_factory=set)
+    reinvoke: set[str] = field(default_factory=set)
+
+    def require_reinvoking_previously_invoked(self) -> None:
+        self.reinvoke |= self.previously_invoked
+        self.previously_invoked = set()
 
 
 class WebhookAdmission:
@@ -42,86 +97,66 @@ class WebhookAdmission:
         self._contexts: dict[str, ssl.SSLContext] = {}
         self._lock = threading.Lock()
 
-    def __call__(self, request: AdmissionRequest) -> Obj | None:
-        obj = request.obj
+    def mutate(self, request: AdmissionRequest, obj: Obj, state: _Reinvocation) -> Obj:
+        """One pass of the mutating webhooks (mutating/dispatcher.go), reinvocation bookkeeping included."""
+        if state.is_reinvoke and obj != state.last_output:
+            state.require_reinvoking_previously_invoked()  # the in-tree plugins changed it
         for config, webhook in self._webhooks("mutatingwebhookconfigurations"):
-            if self._matches(webhook, request, obj):
-                obj = self._call(config, webhook, request, obj, mutating=True)
-        for config, webhook in self._webhooks("validatingwebhookconfigurations"):
-            if self._matches(webhook, request, obj):
-                self._call(config, webhook, request, obj, mutating=False)
+            key = f"{config['metadata']['name']}/{webhook.get('name', '')}"
+            if not self._should_call(webhook, request, obj):
+                continue
+            if state.is_reinvoke and key not in state.reinvoke:
+                continue
+            patched = self._call(webhook, request, obj, mutating=True)
+            if patched is not None and patched != obj:
+                obj = patched
+                state.require_reinvoking_previously_invoked()
+                state.should_reinvoke = True
+            if webhook.get("reinvocationPolicy") == "IfNeeded":
+                state.previously_invoked.add(key)
+        state.last_output = copy.deepcopy(obj)
         return obj
+
+    def validate(self, request: AdmissionRequest, obj: Obj | None) -> None:
+        for _, webhook in self._webhooks("validatingwebhookconfigurations"):
+            if self._should_call(webhook, request, obj):
+                self._call(webhook, request, obj, mutating=False)
 
     def _webhooks(self, resource: str) -> list[tuple[Obj, Obj]]:
         configs, _, _ = self.store.list_objects(resource)
         return [(c, w) for c in configs for w in c.get("webhooks") or []]
 
-    def _matches(self, webhook: Obj, request: AdmissionRequest, obj: Obj | None) -> bool:
-        resource = RESOURCES[request.resource]
-        target = f"{request.resource}/{request.subresource}" if request.subresource else request.resource
-        if not any(
-            _rule_matches(rule, request.operation, resource.group, resource.version, target)
-            for rule in webhook.get("rules") or []
-        ):
+    def _should_call(self, webhook: Obj, request: AdmissionRequest, obj: Obj | None) -> bool:
+        if not matching.matches(self.store, request, obj, webhook):
             return False
-        if resource.namespaced and webhook.get("namespaceSelector"):
-            try:
-                namespace = self.store.get("namespaces", None, request.namespace)
-            except ApiError:
+        conditions = webhook.get("matchConditions") or []
+        if conditions:
+            variables = cel.Inputs(
+                {"object": obj, "oldObject": request.old, "request": matching.cel_request(request, obj)}
+            )
+            error = matching.match_conditions(conditions, variables, webhook.get("failurePolicy", "Fail"))
+            if error == "":
                 return False
-            if not match_label_selector_object(
-                webhook["namespaceSelector"], namespace["metadata"].get("labels") or {}
-            ):
-                return False
-        selector = webhook.get("objectSelector")
-        if selector:
-            candidates = [o for o in (obj, request.old) if o is not None]
-            if not any(
-                match_label_selector_object(selector, (o.get("metadata") or {}).get("labels") or {})
-                for o in candidates
-            ):
-                return False
+            if error is not None:
+                meta = (obj or request.old or {}).get("metadata") or {}
+                r = RESOURCES[request.resource]
+                raise forbidden(request.resource, meta.get("name") or request.name, error, group=r.group)
+        if request.dry_run and webhook.get("sideEffects") not in ("None", "NoneOnDryRun"):
+            raise bad_request(f'admission webhook "{webhook.get("name", "")}" does not support dry run')
         return True
 
-    def _review(self, request: AdmissionRequest, obj: Obj | None) -> Obj:
-        r = RESOURCES[request.resource]
-        gvk = {"group": r.group, "version": r.version, "kind": r.kind}
-        gvr = {"group": r.group, "version": r.version, "resource": request.resource}
-        body: Obj = {
-            "uid": str(uuid.uuid4()),
-            "kind": gvk,
-            "resource": gvr,
-            "requestKind": gvk,
-            "requestResource": gvr,
-            "name": request.name,
-            "namespace": request.namespace,
-            "operation": request.operation,
-            "userInfo": request.user.review(),
-            "object": obj,
-            "oldObject": request.old,
-            "dryRun": request.dry_run,
-            "options": {
-                "kind": "CreateOptions" if request.operation == "CREATE" else "UpdateOptions",
-                "apiVersion": "meta.k8s.io/v1",
-            },
-        }
-        if request.subresource:
-            body["subResource"] = request.subresource
-        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": body}
-
     def _call(
-        self, config: Obj, webhook: Obj, request: AdmissionRequest, obj: Obj | None, *, mutating: bool
+        self, webhook: Obj, request: AdmissionRequest, obj: Obj | None, *, mutating: bool
     ) -> Obj | None:
         name = webhook.get("name", "")
-        review = self._review(request, obj)
+        body = matching.review_request(request, obj)
+        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": body}
         try:
             url = self._url(webhook.get("clientConfig") or {})
             answer = self._post(url, webhook, review)
             response = answer.get("response") or {}
-            if response.get("uid") != review["request"]["uid"]:
-                raise ValueError(
-                    f"expected response.uid={review['request']['uid']!r}, got {response.get('uid')!r}"
-                )
+            if response.get("uid") != body["uid"]:
+                raise ValueError(f"expected response.uid={body['uid']!r}, got {response.get('uid')!r}")
         except (OSError, ValueError, http.client.HTTPException) as e:
             if webhook.get("failurePolicy", "Fail") == "Ignore":
                 return obj
@@ -141,7 +176,6 @@ class WebhookAdmission:
             try:
                 ops = json.loads(base64.b64decode(response["patch"]))
                 patched: Obj = apply_patch(obj, ops)
-                return patched
             except (ValueError, PatchError) as e:
                 if webhook.get("failurePolicy", "Fail") == "Ignore":
                     return obj
@@ -150,6 +184,9 @@ class WebhookAdmission:
                     "InternalError",
                     f'Internal error occurred: failed calling webhook "{name}": the patch does not apply: {e}',
                 ) from None
+            if request.resource == "pods":
+                podrules.default_pod(patched)  # the API server decodes the patched object with defaulting
+            return patched
         return obj
 
     def _url(self, client_config: Obj) -> str:
@@ -220,18 +257,3 @@ class WebhookAdmission:
     def close(self) -> None:
         for conn in (self._local.__dict__.get("pool") or {}).values():
             conn.close()
-
-
-def _rule_matches(rule: Obj, operation: str, group: str, version: str, resource: str) -> bool:
-    def has(values: Any, value: str) -> bool:
-        return "*" in (values or []) or value in (values or [])
-
-    if not has(rule.get("operations"), operation):
-        return False
-    if not has(rule.get("apiGroups"), group) or not has(rule.get("apiVersions"), version):
-        return False
-    resources = rule.get("resources") or []
-    main = resource.split("/")[0]
-    return any(
-        r == resource or r == "*" or (r == f"{main}/*" and "/" in resource) or (r == "*/*") for r in resources
-    )

@@ -240,7 +240,7 @@ class _Handler(BaseHTTPRequestHandler):
         path = path.rstrip("/")
         if path == "/version":
             self._send(
-                200, {"major": "1", "minor": "33", "gitVersion": "v1.33.0-kubesim", "platform": "linux/amd64"}
+                200, {"major": "1", "minor": "36", "gitVersion": "v1.36.0-kubesim", "platform": "linux/amd64"}
             )
         elif path == "/api":
             self._send(200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
@@ -324,13 +324,19 @@ class _Handler(BaseHTTPRequestHandler):
                 "status": "Success",
                 "code": 201,
             }
+        dry = _dry_run(query)
         if verb == "create":
-            dry = query.get("dryRun") == "All"
             return 201, store.create(route.resource, body, namespace=route.namespace, user=user, dry_run=dry)
         if verb == "update":
             assert route.name is not None
             return 200, store.replace(
-                route.resource, route.namespace, route.name, body, subresource=route.subresource, user=user
+                route.resource,
+                route.namespace,
+                route.name,
+                body,
+                subresource=route.subresource,
+                user=user,
+                dry_run=dry,
             )
         if verb == "patch":
             assert route.name is not None
@@ -343,6 +349,7 @@ class _Handler(BaseHTTPRequestHandler):
                 content_type,
                 subresource=route.subresource,
                 user=user,
+                dry_run=dry,
             )
         if verb == "delete":
             assert route.name is not None
@@ -435,6 +442,17 @@ class _Injected(Exception):
         super().__init__(code)
         self.code = code
         self.headers = headers
+
+
+def _dry_run(query: Mapping[str, str]) -> bool:
+    """`dryRun=All`, the only value the API accepts (kube-apiserver answers another with 422; kubesim's 400
+    names the problem in its own words)."""
+    value = query.get("dryRun")
+    if value is None:
+        return False
+    if value != "All":
+        raise bad_request(f'kubesim: dryRun must be "All", got "{value}"')
+    return True
 
 
 def _verb(method: str, route: Route | None, query: Mapping[str, str]) -> str:

@@ -1,5 +1,9 @@
 """A whole simulated cluster in one object: API server, admission, scheduler, kubelets, users, drivers.
 
+Admission is kube-apiserver's chain (admission.py): the built-in pod plugins, webhooks, and
+ValidatingAdmissionPolicy. Like a real cluster it starts with the PriorityClasses system-cluster-critical
+and system-node-critical, and every namespace has its `default` ServiceAccount.
+
     with Cluster(nodes=3) as cluster:
         kubeconfig = cluster.add_user("system:serviceaccount:spark:spark")
         driver = cluster.spark_driver("spark", "etl", executors=12, user=...)
@@ -21,12 +25,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .admission import WebhookAdmission
+from .admission import AdmissionChain, WebhookAdmission
 from .apiserver import ADMIN, ApiServer
 from .errors import UserInfo
 from .faults import Faults, RequestLog
 from .kubeconfig import write_kubeconfig
 from .kubelet import Kubelets
+from .podplugins import SYSTEM_PRIORITY_CLASSES
 from .scheduler import Scheduler
 from .sparkdriver import SparkDriver
 from .store import Store
@@ -54,7 +59,9 @@ class Cluster:
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="kubesim-"))
         self.store = Store(compaction_window=compaction_window)
         self.admission = WebhookAdmission(self.store, services=services)
-        self.store.admit = self.admission
+        self.chain = AdmissionChain(self.store, self.admission)
+        self.store.admit = self.chain.mutate
+        self.store.validate = self.chain.validate
         self.faults = Faults()
         self.requests = RequestLog()
         self.apiserver = ApiServer(
@@ -68,6 +75,8 @@ class Cluster:
         self._changed = threading.Condition()
         self._version = 0
         self._unsubscribe = self.store.subscribe(self._on_change)
+        for name, value in SYSTEM_PRIORITY_CLASSES.items():
+            self.add_priority_class(name, value, description="Used for system critical pods that must run.")
         for name in namespaces:
             self.store.create("namespaces", {"metadata": {"name": name}})
         for i in range(nodes):
@@ -102,6 +111,49 @@ class Cluster:
 
     def add_namespace(self, name: str, labels: Mapping[str, str] | None = None) -> None:
         self.store.create("namespaces", {"metadata": {"name": name, "labels": dict(labels or {})}})
+
+    def add_service_account(self, namespace: str, name: str) -> None:
+        self.store.create("serviceaccounts", {"metadata": {"name": name}}, namespace=namespace)
+
+    def add_priority_class(
+        self,
+        name: str,
+        value: int,
+        *,
+        global_default: bool = False,
+        preemption_policy: str = "PreemptLowerPriority",
+        description: str = "",
+    ) -> None:
+        """A scheduling.k8s.io/v1 PriorityClass (preemptionPolicy defaults as the API defaults it)."""
+        body: dict[str, Any] = {
+            "metadata": {"name": name},
+            "value": value,
+            "globalDefault": global_default,
+            "preemptionPolicy": preemption_policy,
+        }
+        if description:
+            body["description"] = description
+        self.store.create("priorityclasses", body)
+
+    def add_runtime_class(
+        self,
+        name: str,
+        handler: str,
+        *,
+        overhead: Mapping[str, str] | None = None,
+        node_selector: Mapping[str, str] | None = None,
+        tolerations: Sequence[Mapping[str, Any]] = (),
+    ) -> None:
+        """A node.k8s.io/v1 RuntimeClass with `overhead.podFixed` and `scheduling`, when given."""
+        body: dict[str, Any] = {"metadata": {"name": name}, "handler": handler}
+        if overhead:
+            body["overhead"] = {"podFixed": dict(overhead)}
+        if node_selector or tolerations:
+            body["scheduling"] = {
+                "nodeSelector": dict(node_selector or {}),
+                "tolerations": [dict(t) for t in tolerations],
+            }
+        self.store.create("runtimeclasses", body)
 
     def add_user(self, username: str, groups: Sequence[str] = ()) -> Path:
         """A user with a bearer token; returns a kubeconfig file that authenticates as it."""

@@ -62,6 +62,15 @@ def invalid(kind: str, name: str, causes: list[tuple[str, str]]) -> ApiError:
     )
 
 
+def forbidden(resource: str, name: str, why: str, *, group: str = "") -> ApiError:
+    """admission.NewForbidden: 403 `pods "x" is forbidden: WHY` (the resource qualified by its group)."""
+    qualified = f"{resource}.{group}" if group else resource
+    details: dict[str, Any] = {"name": name, "kind": resource}
+    if group:
+        details["group"] = group
+    return ApiError(403, "Forbidden", f'{qualified} "{name}" is forbidden: {why}', details)
+
+
 def expired(message: str) -> ApiError:
     return ApiError(410, "Expired", message)
 

@@ -1,6 +1,7 @@
 """The pod rules of kube-apiserver that sparkgate can observe.
 
-- Defaults at creation: phase Pending, terminationGracePeriodSeconds 30.
+- Defaults at creation: phase Pending, terminationGracePeriodSeconds 30, requests from limits, the
+  deprecated `serviceAccount` as `serviceAccountName`.
 - Updates of the main resource may change metadata, and in the spec only what the real server allows
   (https://kubernetes.io/docs/concepts/workloads/pods/#pod-update-and-replacement): container and init
   container images, activeDeadlineSeconds, additions to tolerations, and the removal of scheduling gates;
@@ -28,8 +29,28 @@ SPEC_FORBIDDEN = (
 )
 
 
+# PodTopologyLabels (plugin/pkg/admission/podtopologylabels/admission.go, kube-apiserver 1.35+): copied from
+# the node onto the pod when it is bound.
+TOPOLOGY_LABELS = ("topology.kubernetes.io/zone", "topology.kubernetes.io/region")
+
+
+def topology_labels(node: Obj) -> dict[str, str]:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return {k: labels[k] for k in TOPOLOGY_LABELS if k in labels}
+
+
 def default_pod(pod: Obj) -> None:
+    """v1 defaulting and conversion, applied on create and to a mutating webhook's answer."""
     spec = pod.setdefault("spec", {})
+    if not spec.get("serviceAccountName") and spec.get("serviceAccount"):
+        spec["serviceAccountName"] = spec["serviceAccount"]
+    for field in ("initContainers", "containers"):
+        for container in spec.get(field) or []:
+            resources = container.get("resources") or {}
+            if resources.get("limits"):  # SetDefaults_Pod: a limit without a request is also the request
+                requests = resources.setdefault("requests", {})
+                for name, value in resources["limits"].items():
+                    requests.setdefault(name, value)
     spec.setdefault("terminationGracePeriodSeconds", 30)
     spec.setdefault("restartPolicy", "Always")
     spec.setdefault("schedulerName", "default-scheduler")

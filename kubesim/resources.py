@@ -19,6 +19,11 @@ class Resource:
         return f"{self.group}/{self.version}" if self.group else self.version
 
     @property
+    def qualified(self) -> str:
+        """The resource as kube-apiserver's errors name it: `pods`, `priorityclasses.scheduling.k8s.io`."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    @property
     def list_kind(self) -> str:
         return f"{self.kind}List"
 
@@ -44,7 +49,11 @@ RESOURCES: dict[str, Resource] = {
         Resource("events", "Event", "", "v1", True, ("ev",)),
         Resource("nodes", "Node", "", "v1", False, ("no",)),
         Resource("serviceaccounts", "ServiceAccount", "", "v1", True, ("sa",)),
+        Resource("resourcequotas", "ResourceQuota", "", "v1", True, ("quota",)),
+        Resource("limitranges", "LimitRange", "", "v1", True, ("limits",)),
         Resource("leases", "Lease", "coordination.k8s.io", "v1", True),
+        Resource("priorityclasses", "PriorityClass", "scheduling.k8s.io", "v1", False, ("pc",)),
+        Resource("runtimeclasses", "RuntimeClass", "node.k8s.io", "v1", False),
         Resource(
             "mutatingwebhookconfigurations",
             "MutatingWebhookConfiguration",
@@ -55,6 +64,20 @@ RESOURCES: dict[str, Resource] = {
         Resource(
             "validatingwebhookconfigurations",
             "ValidatingWebhookConfiguration",
+            "admissionregistration.k8s.io",
+            "v1",
+            False,
+        ),
+        Resource(
+            "validatingadmissionpolicies",
+            "ValidatingAdmissionPolicy",
+            "admissionregistration.k8s.io",
+            "v1",
+            False,
+        ),
+        Resource(
+            "validatingadmissionpolicybindings",
+            "ValidatingAdmissionPolicyBinding",
             "admissionregistration.k8s.io",
             "v1",
             False,

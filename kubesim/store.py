@@ -6,10 +6,14 @@ bumps the resourceVersion by one and appends one event, so an event is found by 
 log keeps the last `compaction_window` events and a watch from an older version gets 410 Expired, as
 etcd compaction does on a real cluster.
 
-Admission (`admit`) runs on CREATE and UPDATE of the main resource from an HTTP client, outside the lock,
-the way kube-apiserver calls webhooks before it persists. Pod rules of the real server live here: the
-scheduling gates may only shrink, a gated or bound pod cannot be bound, only the mutable pod fields
-change, graceful deletion, finalizers, and ownerReference garbage collection.
+Admission runs on CREATE and UPDATE of the main resource from an HTTP client, outside the lock, the way
+kube-apiserver calls its plugins and webhooks before it persists: `admit` (the mutating phase) before a
+generated name is chosen, `validate` (the validating phase) after; ResourceQuota, the last validating
+plugin, is checked under the lock with the write itself (quota.py). A dry run (`dry_run`) goes through all
+of it and stores nothing. Pod rules of the real server live here: the scheduling gates may only shrink, a
+gated or bound pod cannot be bound, only the mutable pod fields change, graceful deletion, finalizers, and
+ownerReference garbage collection; and what controllers do at once: a namespace gets its `default`
+ServiceAccount (the service-account controller), quotas their `status` (the resource-quota controller).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import builtins
 import collections
 import contextlib
 import copy
+import dataclasses
 import datetime as dt
 import json
 import threading
@@ -30,7 +35,7 @@ from typing import Any
 
 from sparkgate.json_patch import PatchError, apply_patch, merge_patch
 
-from . import podrules
+from . import podrules, quota
 from .errors import (
     STALE,
     ApiError,
@@ -66,6 +71,7 @@ class AdmissionRequest:
 
 
 Admit = Callable[[AdmissionRequest], "Obj | None"]
+Validate = Callable[[AdmissionRequest, "Obj | None"], None]
 Listener = Callable[[str, str, Obj], None]
 
 
@@ -98,9 +104,11 @@ class Store:
         clock: Callable[[], float] = time.time,
         compaction_window: int = 100_000,
         admit: Admit | None = None,
+        validate: Validate | None = None,
     ) -> None:
         self.clock = clock
         self.admit = admit
+        self.validate = validate
         self._lock = threading.RLock()
         self.changed = threading.Condition(self._lock)
         self._objects: dict[str, dict[Key, Obj]] = {plural: {} for plural in RESOURCES}
@@ -278,13 +286,32 @@ class Store:
             del self._objects[resource][key]
             stored = gone
         else:
+            if resource == "resourcequotas":
+                hard = dict((obj.get("spec") or {}).get("hard") or {})
+                obj["status"] = {"hard": hard, "used": quota.used(obj, self._pods(key[0]))}
             obj["metadata"]["resourceVersion"] = str(self._rv)
             self._objects[resource][key] = obj
             stored = obj
         self._log.append(Event(self._rv, event_type, resource, stored, old))
         self._floor = self._log[0].rv
         self.changed.notify_all()
+        if resource == "pods":
+            self._refresh_quotas(key[0])
         return stored
+
+    def _pods(self, namespace: str) -> builtins.list[Obj]:
+        return [obj for (ns, _), obj in self._objects["pods"].items() if ns == namespace]
+
+    def _quotas(self, namespace: str) -> builtins.list[Obj]:
+        return [obj for (ns, _), obj in self._objects["resourcequotas"].items() if ns == namespace]
+
+    def _refresh_quotas(self, namespace: str) -> None:
+        """The resource-quota controller: status.used follows every pod change (under the lock)."""
+        for q in self._quotas(namespace):
+            used = quota.used(q, self._pods(namespace))
+            if used != (q.get("status") or {}).get("used"):
+                updated = {**copy.deepcopy(q), "status": {**(q.get("status") or {}), "used": used}}
+                self._commit("resourcequotas", (namespace, q["metadata"]["name"]), updated, "MODIFIED", q)
 
     def _admit(
         self,
@@ -294,14 +321,21 @@ class Store:
         old: Obj | None,
         user: UserInfo | None,
         dry_run: bool,
-    ) -> Obj | None:
-        if self.admit is None or user is None:
-            return obj
+    ) -> tuple[AdmissionRequest | None, Obj | None]:
+        """The mutating phase: (the request, for the validating phase; the admitted object)."""
+        if user is None:
+            return None, obj
         meta = (obj or old or {}).get("metadata") or {}
         request = AdmissionRequest(
             operation, resource, "", meta.get("namespace", ""), meta.get("name", ""), obj, old, user, dry_run
         )
-        return self.admit(request)
+        admitted = self.admit(request) if self.admit is not None else None
+        return request, obj if admitted is None else admitted
+
+    def _validate(self, request: AdmissionRequest | None, obj: Obj) -> None:
+        if request is not None and self.validate is not None:
+            name = obj["metadata"].get("name", "")
+            self.validate(dataclasses.replace(request, name=name, obj=obj), obj)
 
     def create(
         self,
@@ -326,34 +360,27 @@ class Store:
             meta["namespace"] = namespace or body_ns or "default"
         else:
             meta.pop("namespace", None)
-        if not meta.get("name"):
-            if not meta.get("generateName"):
-                raise invalid(
-                    r.kind, "", [("metadata.name", "Required value: name or generateName is required")]
-                )
-            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        if not meta.get("name") and not meta.get("generateName"):
+            raise invalid(r.kind, "", [("metadata.name", "Required value: name or generateName is required")])
         obj["apiVersion"], obj["kind"] = r.api_version, r.kind
         if resource == "pods":
             podrules.default_pod(obj)
-        admitted = self._admit("CREATE", resource, obj, None, user, dry_run)
-        if admitted is not None:
-            obj = admitted
-        name, ns = meta["name"], meta.get("namespace", "")
-        obj["metadata"]["name"] = name
+        elif resource == "priorityclasses":
+            obj.setdefault("preemptionPolicy", "PreemptLowerPriority")  # scheduling/v1 defaulting
+        with self._lock:  # NamespaceLifecycle, the first plugin: before any other admission
+            self._check_namespace(r, meta.get("namespace", ""), meta.get("name", ""))
+        request, admitted = self._admit("CREATE", resource, obj, None, user, dry_run)
+        # BeforeCreate, between the mutating and the validating phase: a generated name is chosen.
+        name = meta.get("name") or meta["generateName"] + uuid.uuid4().hex[:5]
+        ns = meta.get("namespace", "")
+        obj = admitted if admitted is not None else obj
+        obj.setdefault("metadata", {})["name"] = name
         if r.namespaced:
             obj["metadata"]["namespace"] = ns
         check_metadata(r.kind, obj, namespace_name=resource == "namespaces")
+        self._validate(request, obj)
         with self._lock:
-            if r.namespaced and (ns and ("", ns) not in self._objects["namespaces"]):
-                raise not_found("namespaces", ns)
-            if r.namespaced and self._objects["namespaces"][("", ns)]["metadata"].get("deletionTimestamp"):
-                raise ApiError(
-                    403,
-                    "Forbidden",
-                    f'{resource} "{name}" is forbidden: unable to create new content in namespace {ns} '
-                    "because it is being terminated",
-                    {"name": name, "kind": resource},
-                )
+            self._check_namespace(r, ns, name)
             if (ns, name) in self._objects[resource]:
                 raise already_exists(resource, name)
             obj["metadata"].update(
@@ -363,12 +390,33 @@ class Store:
             if resource == "namespaces":
                 obj["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = name
                 obj.setdefault("status", {"phase": "Active"})
+            if resource == "pods" and request is not None:
+                for q in self._quotas(ns):
+                    quota.check(q, obj)
             if dry_run:
                 obj["metadata"]["resourceVersion"] = str(self._rv)
                 return obj
             stored = self._commit(resource, (ns, name), obj, "ADDED", None)
         self._dispatch()
+        if resource == "namespaces":
+            self.create("serviceaccounts", {"metadata": {"name": "default"}}, namespace=name)
         return stored
+
+    def _check_namespace(self, r: Resource, ns: str, name: str) -> None:
+        """NamespaceLifecycle: no content in a namespace that does not exist or is being terminated."""
+        if not r.namespaced:
+            return
+        namespace = self._objects["namespaces"].get(("", ns))
+        if namespace is None:
+            raise not_found("namespaces", ns)
+        if namespace["metadata"].get("deletionTimestamp"):
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'{r.plural} "{name}" is forbidden: unable to create new content in namespace {ns} '
+                "because it is being terminated",
+                {"name": name, "kind": r.plural},
+            )
 
     def replace(
         self,
@@ -379,13 +427,21 @@ class Store:
         *,
         subresource: str = "",
         user: UserInfo | None = None,
+        dry_run: bool = False,
     ) -> Obj:
         """PUT: a stale metadata.resourceVersion is a 409 Conflict."""
         if not isinstance(obj, dict):
             raise bad_request("the body is not an object")
         wanted_rv = (obj.get("metadata") or {}).get("resourceVersion")
         return self._update(
-            resource, namespace, name, lambda current: copy.deepcopy(obj), subresource, user, wanted_rv
+            resource,
+            namespace,
+            name,
+            lambda current: copy.deepcopy(obj),
+            subresource,
+            user,
+            wanted_rv,
+            dry_run,
         )
 
     def patch(
@@ -398,6 +454,7 @@ class Store:
         *,
         subresource: str = "",
         user: UserInfo | None = None,
+        dry_run: bool = False,
     ) -> Obj:
         kind = content_type.split(";")[0].strip()
 
@@ -427,7 +484,7 @@ class Store:
                 f"the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json (got {kind})",
             )
 
-        return self._update(resource, namespace, name, patched, subresource, user, None)
+        return self._update(resource, namespace, name, patched, subresource, user, None, dry_run)
 
     def _update(
         self,
@@ -438,6 +495,7 @@ class Store:
         subresource: str,
         user: UserInfo | None,
         wanted_rv: str | None,
+        dry_run: bool = False,
     ) -> Obj:
         r = _resource(resource)
         key = (namespace or "" if r.namespaced else "", name)
@@ -457,11 +515,13 @@ class Store:
                 new = podrules.check_update(current, new, subresource)
             elif subresource == "status":
                 new = {**copy.deepcopy(current), "status": new.get("status")}
+            request = None
             if not subresource:
-                admitted = self._admit("UPDATE", resource, new, current, user, False)
+                request, admitted = self._admit("UPDATE", resource, new, current, user, dry_run)
                 if admitted is not None:
                     new = _keep_identity(current, admitted, r)
             check_metadata(r.kind, new, namespace_name=resource == "namespaces")
+            self._validate(request, new)
             with self._lock:
                 latest = self._objects[resource].get(key)
                 if latest is None:
@@ -474,6 +534,9 @@ class Store:
                     return latest
                 if new.get("spec") != latest.get("spec"):
                     new["metadata"]["generation"] = int(latest["metadata"].get("generation", 1)) + 1
+                if dry_run:
+                    new["metadata"]["resourceVersion"] = seen_rv
+                    return new
                 finalized = new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers")
                 stored = self._commit(
                     resource, key, None if finalized else new, "DELETED" if finalized else "MODIFIED", latest
@@ -505,6 +568,10 @@ class Store:
                 raise conflict("pods/binding", name, f"pod {name} has non-empty .spec.schedulingGates")
             new = copy.deepcopy(pod)
             new["spec"]["nodeName"] = node_name
+            node = self._objects["nodes"].get(("", node_name))
+            copied = podrules.topology_labels(node) if node is not None else {}
+            if copied:  # PodTopologyLabels: the node's zone and region labels, at binding
+                new["metadata"].setdefault("labels", {}).update(copied)
             conditions = [c for c in new["status"].get("conditions", []) if c.get("type") != "PodScheduled"]
             conditions.append(
                 {"type": "PodScheduled", "status": "True", "lastTransitionTime": now_rfc3339(self.clock)}

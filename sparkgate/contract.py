@@ -23,6 +23,7 @@ CERTS_LEASE = "sparkgate-certs"
 CERT_SECRET = "sparkgate-webhook-tls"
 WEBHOOK_SERVICE = "sparkgate-webhook"
 WEBHOOK_CONFIGURATION = "sparkgate"
+POLICY_CONFIGMAP = "sparkgate-policy"  # the policy's ConfigMap (configMapGenerator in manifests/base)
 
 # Labels Spark sets on every executor pod (Spark's KubernetesConf / Constants); never changed by sparkgate.
 LABEL_ROLE = "spark-role"

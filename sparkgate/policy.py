@@ -424,6 +424,8 @@ def _read_profile(r: _Reader, raw: object, caps: Caps) -> Profile | None:
     labels: dict[str, str] = r.child(p, "labels", r.string_map, {})
     for key in sorted(contract.SPARK_LABELS & labels.keys()):
         r.error("Spark's own label cannot be set by a profile", at=f"labels.{key}")
+    for key in sorted(REFUSED_LABELS.keys() & labels.keys()):
+        r.error(f"a profile may not set this label: {REFUSED_LABELS[key]}", at=f"labels.{key}")
     annotations: dict[str, str] = r.child(p, "annotations", r.string_map, {})
     if contract.ANNOTATION_PROFILE in annotations:
         r.error("set by sparkgate itself", at=f"annotations.{contract.ANNOTATION_PROFILE}")
@@ -482,7 +484,57 @@ def _read_template(r: _Reader, value: object) -> dict[str, Any]:
             if err["type"] == "string_type" and _is_quantity(loc, err.get("input")):
                 continue  # quantities may be written as numbers, as kubectl accepts
             r.error(err["msg"].lower() if err["type"] != "extra_forbidden" else "unknown field", at=_loc(loc))
+    for path, reason in REFUSED_TEMPLATE_FIELDS.items():
+        if resolve(value, path)[0]:
+            r.error(f"a template may not set this: {reason}", at=".".join(path))
+    for key in sorted(REFUSED_LABELS.keys() & ((value.get("metadata") or {}).get("labels") or {}).keys()):
+        r.error(f"a template may not set this label: {REFUSED_LABELS[key]}", at=f"metadata.labels.{key}")
     return value
+
+
+# --- what a template must never set ----------------------------------------------------------------
+# The API server's admission plugins refuse these in a pod, or they would take the pod out of sparkgate's
+# hands or move it between quotas behind the admin's back. docs/policy.md ("Admission plugins") has the
+# table of every plugin that touches pods; webhook/derived.py handles the fields a template may change.
+
+REFUSED_TEMPLATE_FIELDS: dict[tuple[str, ...], str] = {
+    ("spec", "nodeName"): (
+        "it binds the pod to a node, bypassing the scheduler and sparkgate's gate (the API server refuses "
+        "a gated pod with a node name); use spec.nodeSelector or spec.affinity"
+    ),
+    ("spec", "priority"): (
+        "the Priority admission plugin computes it from the PriorityClass and refuses a pod that gives "
+        "another number; set spec.priorityClassName"
+    ),
+    ("spec", "preemptionPolicy"): (
+        "the Priority admission plugin takes it from the PriorityClass and refuses a pod that gives "
+        "another one; set spec.priorityClassName"
+    ),
+    ("spec", "overhead"): (
+        "the RuntimeClass admission plugin takes it from the RuntimeClass and refuses a pod whose overhead "
+        "differs; set spec.runtimeClassName"
+    ),
+    ("spec", "serviceAccount"): (
+        "a deprecated alias that the API server ignores whenever serviceAccountName is set (always, once "
+        "the ServiceAccount plugin ran); set spec.serviceAccountName"
+    ),
+    ("spec", "schedulingGates"): (
+        "sparkgate's gate is the only one on executor pods: the allocator counts a pod it released as in "
+        "flight, and another gate would hold it back from the scheduler with nobody to remove it"
+    ),
+    ("spec", "ephemeralContainers"): (
+        "the API server refuses ephemeral containers in a pod creation (they are added later, through the "
+        "ephemeralcontainers subresource)"
+    ),
+    ("spec", "activeDeadlineSeconds"): (
+        "it kills every executor after that many seconds (Spark counts each as an executor failure) and "
+        "moves the pods into ResourceQuota's Terminating scope"
+    ),
+}
+REFUSED_LABELS: dict[str, str] = {
+    key: "the PodTopologyLabels admission plugin copies the node's value onto the pod when it is bound"
+    for key in ("topology.kubernetes.io/zone", "topology.kubernetes.io/region")
+}
 
 
 def _is_quantity(loc: tuple[int | str, ...], value: object) -> bool:

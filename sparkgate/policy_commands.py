@@ -1,13 +1,15 @@
-"""`sparkgate policy check`: validate a policy file before installing it."""
+"""`sparkgate policy check`: validate a policy file before installing it, and with `--cluster` ask the
+live API server whether it admits each profile's executor pods (sparkgate/probe.py)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
 from sparkgate import contract
-from sparkgate.policy import PolicyError, load_policy
+from sparkgate.policy import Policy, PolicyError, load_policy
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -16,6 +18,24 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     check = verbs.add_parser("check", help="validate a policy file and summarise it")
     check.add_argument("file", help="policy YAML file")
     check.add_argument("--install-namespace", default=contract.INSTALL_NAMESPACE)
+    check.add_argument(
+        "--cluster",
+        action="store_true",
+        help="also create each profile's executor pod with dryRun=All in every namespace it matches "
+        "(nothing is stored) and print the API server's answer; exit 1 if any is refused",
+    )
+    check.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="kubeconfig file for --cluster (default: $KUBECONFIG, else the in-cluster service account)",
+    )
+    check.add_argument(
+        "--namespace",
+        action="append",
+        dest="namespaces",
+        metavar="NAMESPACE",
+        help="with --cluster: probe these namespaces (repeatable) instead of listing the cluster's",
+    )
     check.set_defaults(run=_check)
 
 
@@ -53,4 +73,38 @@ def _check(args: argparse.Namespace) -> int:
             print("    config maps: " + ", ".join(f"{c.source} -> {c.mount_path}" for c in p.config_maps))
         if p.overrides:
             print("    admin wins on: " + ", ".join(".".join(o) for o in p.overrides))
+    return _check_cluster(args, policy) if args.cluster else 0
+
+
+def _check_cluster(args: argparse.Namespace, policy: Policy) -> int:
+    from kubernetes.config import ConfigException
+
+    from sparkgate.kube import Kube, KubeError
+    from sparkgate.probe import Verdict, probe, targets
+
+    try:
+        kube = Kube.from_kubeconfig(args.kubeconfig)
+    except (ConfigException, OSError) as exc:
+        print(f"cannot reach the cluster: {exc}", file=sys.stderr)
+        return 1
+    try:
+        print(f"{args.file}: dry runs on {kube.host} (nothing is stored):")
+        try:
+            pairs = targets(kube, policy, args.namespaces)
+        except KubeError as exc:
+            print(f"  cannot list the namespaces: {exc}", file=sys.stderr)
+            return 1
+        for profile in policy.profiles:
+            if not any(p is profile for p, _ in pairs):
+                print(f"  profile {profile.name}: no namespace matches")
+        refused = 0
+        for profile, namespace in pairs:
+            result = probe(kube, policy, profile, namespace)
+            refused += result.verdict is not Verdict.ADMITTED
+            print(f"  {result.line()}")
+    finally:
+        kube.close()
+    if refused:
+        print(f"{refused} of {len(pairs)} refused or not checked", file=sys.stderr)
+        return 1
     return 0

@@ -3,8 +3,10 @@
 `mutate(request, policy)` turns the `request` of an AdmissionReview into JSON Patch operations. Only the
 CREATE of a Pod with Spark's executor role and an app id, outside the excluded namespaces, is changed: the
 first matching profile's template is merged in (webhook/merge.py), its labels and annotations added, its
-config maps mounted from the per-app copies the allocator creates, and the gate appended. Spark's own
-labels are never changed. The webhook never denies an executor pod (docs/architecture.md: a denied creation is an
+config maps mounted from the per-app copies the allocator creates, and the gate appended. What the API
+server's plugins derived from a field the template changed is dropped, so that their second pass derives
+it again instead of refusing the pod (webhook/derived.py). Spark's own labels are never changed. The
+webhook never denies an executor pod (docs/architecture.md: a denied creation is an
 executor failure to Spark), so the only outcomes are a patch or no patch.
 
 `validate_update(request, allocator_users)` is the gate protection: an UPDATE that removes the sparkgate
@@ -20,6 +22,7 @@ from typing import Any
 from sparkgate import contract
 from sparkgate.policy import Policy, Profile
 
+from .derived import drop_stale
 from .merge import Path, merge
 from .patch import Operation, diff
 
@@ -91,6 +94,7 @@ def desired_pod(pod: dict[str, Any], profile: Profile | None) -> dict[str, Any]:
         labels.update(profile.labels)
         annotations.update(profile.annotations)
         spec = merge(spec, template.get("spec") or {}, overrides, ("spec",))
+        spec = drop_stale(pod.get("spec") or {}, spec)
         spec = _mount_config_maps(spec, app_id, profile)
     for key in contract.SPARK_LABELS:
         if key in (pod.get("metadata") or {}).get("labels", {}):

@@ -2,7 +2,8 @@
 
 Supported: resources (files and directories holding a kustomization.yaml), namespace, labels (metadata
 only, as `includeSelectors: false`), images (newName/newTag), configMapGenerator (files, with
-disableNameSuffixHash: true) and patches (strategic merge from a file, or JSON 6902 with a target).
+disableNameSuffixHash: true; behavior create or replace, namespace) and patches (strategic merge from a
+file, `$patch: delete` included, or JSON 6902 with a target).
 Anything else in a kustomization is an error here, so the manifests cannot drift beyond what is tested.
 Two loader rules of kustomize are enforced too: a file must lie within its kustomization's directory, and a
 kustomization may not use a directory that contains it ("cycle detected": the base of an overlay cannot
@@ -38,6 +39,8 @@ CLUSTER_SCOPED = {
     "ClusterRoleBinding",
     "MutatingWebhookConfiguration",
     "ValidatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
     "CustomResourceDefinition",
     "PriorityClass",
 }
@@ -74,7 +77,7 @@ def build(directory: Path, visited: tuple[Path, ...] = ()) -> list[Obj]:
         target = (directory / entry).resolve()
         objects += build(target, visited) if target.is_dir() else load_documents(_within(directory, entry))
     for generator in kustomization.get("configMapGenerator") or []:
-        objects.append(_config_map(directory, generator))
+        objects = _generate(objects, _config_map(directory, generator), generator.get("behavior", "create"))
     for patch in kustomization.get("patches") or []:
         objects = _patch(directory, objects, patch)
     if "namespace" in kustomization:
@@ -92,10 +95,35 @@ def build(directory: Path, visited: tuple[Path, ...] = ()) -> list[Obj]:
 def _config_map(directory: Path, generator: Obj) -> Obj:
     if not (generator.get("options") or {}).get("disableNameSuffixHash"):
         raise KustomizeError("configMapGenerator: only disableNameSuffixHash: true is supported")
-    if set(generator) - {"name", "files", "options"}:
+    if set(generator) - {"name", "files", "options", "behavior", "namespace"}:
         raise KustomizeError(f"configMapGenerator: unsupported fields in {generator}")
     data = {Path(f).name: _within(directory, f).read_text() for f in generator["files"]}
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": generator["name"]}, "data": data}
+    metadata = {"name": generator["name"]}
+    if "namespace" in generator:
+        metadata["namespace"] = generator["namespace"]
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}
+
+
+def _generate(objects: list[Obj], generated: Obj, behavior: str) -> list[Obj]:
+    """kustomize's generator behaviours: `create` adds the object, `replace` swaps the one of the same
+    name and namespace that a base made (an error when there is none)."""
+    if behavior == "create":
+        return [*objects, generated]
+    if behavior != "replace":
+        raise KustomizeError(f"configMapGenerator: behavior {behavior!r} is not supported")
+    meta = generated["metadata"]
+    hits = [
+        i
+        for i, o in enumerate(objects)
+        if o["kind"] == "ConfigMap"
+        and o["metadata"]["name"] == meta["name"]
+        and o["metadata"].get("namespace") == meta.get("namespace")
+    ]
+    if len(hits) != 1:
+        raise KustomizeError(f"configMapGenerator: nothing to replace for {meta}")
+    objects = list(objects)
+    objects[hits[0]] = {**generated, "metadata": {**objects[hits[0]]["metadata"], **meta}}
+    return objects
 
 
 def _matches(obj: Obj, target: Obj) -> bool:
@@ -116,6 +144,8 @@ def _patch(directory: Path, objects: list[Obj], patch: Obj) -> list[Obj]:
         ]
         if len(hits) != 1:
             raise KustomizeError(f"patch {patch['path']}: {len(hits)} targets")
+        if body.get("$patch") == "delete":
+            return [o for i, o in enumerate(objects) if i != hits[0]]
         objects[hits[0]] = strategic_merge(objects[hits[0]], body)
         return objects
     hits = [i for i, o in enumerate(objects) if _matches(o, target)]

@@ -2,7 +2,10 @@
 service reference mapped to a real `sparkgate webhook` gunicorn process), `sparkgate certs sync` creates
 the Secret and injects caBundle, kubesim admits executor pods through the webhook over TLS verified against
 that caBundle for the Service's DNS name (as kube-apiserver does), a CA rollover during a stream of pod
-creations fails no admission, and gate protection refuses users but not the allocator or Spark's driver."""
+creations fails no admission, and gate protection refuses users but not the allocator or Spark's driver.
+Gate protection is the rendered ValidatingAdmissionPolicy and its binding, evaluated by kubesim with CEL
+as kube-apiserver does (k8s.io/apiserver/pkg/admission/plugin/policy/validating): it holds with no
+webhook at all; and the allocator, which may create pods for its policy probe, may only dry-run them."""
 
 from __future__ import annotations
 
@@ -77,15 +80,26 @@ def install(kustomize: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> 
     ):
         cluster.register_service("sparkgate-system", "sparkgate-webhook", webhook.url)
         cluster.admission._context = service_context  # type: ignore[method-assign]
-        for kind in ("Mutating", "Validating"):
-            config = objects[(f"{kind}WebhookConfiguration", "sparkgate")]
-            cluster.store.create(f"{kind.lower()}webhookconfigurations", config)
+        cluster.store.create(
+            "mutatingwebhookconfigurations", objects[("MutatingWebhookConfiguration", "sparkgate")]
+        )
+        install_policies(cluster, objects)
         allocator = Kube.from_kubeconfig(str(cluster.add_user(contract.ALLOCATOR_USER)))
         result = Install(cluster, webhook, allocator, Target())
         assert result.sync() == (Step.CREATE,)
         result.mount_secret()
         yield result
         allocator.close()
+
+
+def install_policies(cluster: Cluster, objects: dict[tuple[str, str], Obj]) -> None:
+    """The base's ValidatingAdmissionPolicies and their bindings, as rendered."""
+    for (kind, _), obj in sorted(objects.items()):
+        if kind == "ValidatingAdmissionPolicy":
+            cluster.store.create("validatingadmissionpolicies", obj)
+    for (kind, _), obj in sorted(objects.items()):
+        if kind == "ValidatingAdmissionPolicyBinding":
+            cluster.store.create("validatingadmissionpolicybindings", obj)
 
 
 def executor_pod(reviews: dict[str, Obj], name: str) -> Obj:
@@ -219,3 +233,83 @@ def test_gate_removal_by_the_allocator_and_driver_label_patches_are_allowed(
     assert labelled["metadata"]["labels"]["spark-exec-inactive"] == "true"
     released = install.allocator.patch(path, REMOVE_GATE, "application/json-patch+json")
     assert GATE not in [g["name"] for g in released["spec"].get("schedulingGates", [])]
+
+
+def gate_refusal(name: str, policy: Obj) -> str:
+    message = policy["spec"]["validations"][0]["message"]
+    return (
+        f"pods \"{name}\" is forbidden: ValidatingAdmissionPolicy 'sparkgate-gate' with binding "
+        f"'sparkgate-gate' denied request: {message}"
+    )
+
+
+def test_with_no_webhook_at_all_the_admission_policy_protects_the_gate(
+    kustomize: ModuleType, reviews: dict[str, Obj], tmp_path: Path
+) -> None:
+    """A user allowed to patch pods cannot remove the gate (the policy's message, word for word), may still
+    label the gated pod, and the allocator may remove the gate: no webhook is registered here."""
+    objects = kustomize.by_kind(kustomize.build(REPO / "manifests"))
+    with Cluster(
+        nodes=1, namespaces=("default", "kube-system", "sparkgate-system", "spark-jobs"), workdir=tmp_path
+    ) as cluster:
+        install_policies(cluster, objects)
+        pod = executor_pod(reviews, "gated-exec-1")
+        pod["spec"]["schedulingGates"] = [{"name": "example.com/other"}, {"name": GATE}]
+        cluster.store.create("pods", pod, namespace="spark-jobs")
+        path = "/api/v1/namespaces/spark-jobs/pods/gated-exec-1"
+        user = Kube.from_kubeconfig(str(cluster.add_user("jane@example.com")))
+        allocator = Kube.from_kubeconfig(str(cluster.add_user(contract.ALLOCATOR_USER)))
+        try:
+            remove = [
+                {"op": "test", "path": "/spec/schedulingGates/1/name", "value": GATE},
+                {"op": "remove", "path": "/spec/schedulingGates/1"},
+            ]
+            with pytest.raises(KubeError) as refused:
+                user.patch(path, remove, "application/json-patch+json")
+            assert refused.value.status == 403
+            assert refused.value.message == gate_refusal(
+                "gated-exec-1", objects[("ValidatingAdmissionPolicy", "sparkgate-gate")]
+            )
+            labelled = user.patch(
+                path,
+                {"metadata": {"labels": {"spark-exec-inactive": "true"}}},
+                "application/merge-patch+json",
+            )
+            assert labelled["metadata"]["labels"]["spark-exec-inactive"] == "true"
+            other = [{"op": "remove", "path": "/spec/schedulingGates/0"}]
+            assert [
+                g["name"]
+                for g in user.patch(path, other, "application/json-patch+json")["spec"]["schedulingGates"]
+            ] == [GATE]
+            released = allocator.patch(
+                path, [{"op": "remove", "path": "/spec/schedulingGates/0"}], "application/json-patch+json"
+            )
+            assert "schedulingGates" not in released["spec"] or released["spec"]["schedulingGates"] == []
+        finally:
+            user.close()
+            allocator.close()
+
+
+def test_the_allocator_may_only_dry_run_pod_creations(
+    kustomize: ModuleType, reviews: dict[str, Obj], tmp_path: Path
+) -> None:
+    objects = kustomize.by_kind(kustomize.build(REPO / "manifests"))
+    with Cluster(
+        nodes=1, namespaces=("default", "kube-system", "sparkgate-system", "spark-jobs"), workdir=tmp_path
+    ) as cluster:
+        install_policies(cluster, objects)
+        allocator = Kube.from_kubeconfig(str(cluster.add_user(contract.ALLOCATOR_USER)))
+        try:
+            pods = "/api/v1/namespaces/spark-jobs/pods"
+            pod = executor_pod(reviews, "probe-exec-1")
+            assert (
+                allocator.request("POST", pods, query={"dryRun": "All"}, body=pod)["metadata"]["name"]
+                == "probe-exec-1"
+            )
+            with pytest.raises(KubeError) as refused:
+                allocator.create(pods, pod)
+            assert refused.value.status == 403
+            assert "the sparkgate allocator creates pods only as dry runs" in refused.value.message
+            assert cluster.store.list_objects("pods")[0] == []
+        finally:
+            allocator.close()

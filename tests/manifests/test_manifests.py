@@ -57,14 +57,51 @@ def test_the_validator_refuses_what_kubectl_would(rendered: dict[tuple[str, str]
         kubernetes_validate.validate(broken, VERSIONS[-1], strict=True)
 
 
-def test_policy_config_map_is_the_example_and_valid(rendered: dict[tuple[str, str], Obj]) -> None:
-    example = (REPO / "sparkgate" / "examples" / "policy.yaml").read_text()
-    assert (MANIFESTS / "base" / "policy.yaml").read_text() == example, (
-        "copy sparkgate/examples/policy.yaml to manifests/base/"
-    )
+def test_the_base_policy_references_nothing_a_bare_cluster_lacks(
+    rendered: dict[tuple[str, str], Obj],
+) -> None:
+    """No PriorityClass, service account, runtime class or source ConfigMap: a fresh install admits every
+    executor pod it shapes (issue 12: the shipped analytics profile named a class nobody created)."""
     text = rendered[("ConfigMap", "sparkgate-policy")]["data"]["policy.yaml"]
+    assert text == (MANIFESTS / "base" / "policy.yaml").read_text()
     assert "#" in text  # the comments survive: the admin's documentation
-    load_policy(text, "sparkgate-system")
+    policy = load_policy(text, "sparkgate-system")
+    assert policy.profiles
+    for profile in policy.profiles:
+        assert profile.config_maps == (), profile.name
+        assert not references(profile.template), profile.name
+
+
+def references(template: Obj) -> set[str]:
+    """What a pod template names that must exist in the cluster for the API server to admit the pod."""
+    spec = template.get("spec") or {}
+    named = {
+        f"{k}={spec[k]}" for k in ("priorityClassName", "serviceAccountName", "runtimeClassName") if k in spec
+    }
+    named |= {f"imagePullSecret={s['name']}" for s in spec.get("imagePullSecrets") or []}
+    for volume in spec.get("volumes") or []:
+        named |= {
+            f"{kind}={volume[kind]}"
+            for kind in ("configMap", "secret", "persistentVolumeClaim")
+            if kind in volume
+        }
+    return named
+
+
+def test_the_example_overlay_ships_the_example_policy_and_what_it_references(kustomize: ModuleType) -> None:
+    objects = kustomize.by_kind(kustomize.build(MANIFESTS / "overlays" / "example-policy"))
+    example = (MANIFESTS / "overlays" / "example-policy" / "policy.yaml").read_text()
+    config_map = objects[("ConfigMap", "sparkgate-policy")]
+    assert config_map["data"] == {"policy.yaml": example}
+    assert config_map["metadata"]["namespace"] == "sparkgate-system"
+    policy = load_policy(example, "sparkgate-system")
+    assert len(policy.profiles) >= 2 and any(p.config_maps and p.overrides for p in policy.profiles)
+    for profile in policy.profiles:
+        for ref in references(profile.template):
+            kind, _, name = ref.partition("=")
+            assert kind == "priorityClassName" and ("PriorityClass", name) in objects, ref
+        for source in profile.config_maps:
+            assert objects[("ConfigMap", source.source)]["metadata"]["namespace"] == "sparkgate-system"
 
 
 def pod_spec(rendered: dict[tuple[str, str], Obj]) -> Obj:
@@ -153,17 +190,28 @@ def test_services_and_budget_select_the_pods(rendered: dict[tuple[str, str], Obj
     assert port["port"] == 443 and port["targetPort"] == "webhook"
 
 
-def webhooks(rendered: dict[tuple[str, str], Obj]) -> list[tuple[str, Obj]]:
+def webhooks(objects: dict[tuple[str, str], Obj]) -> list[tuple[str, Obj]]:
     return [
         (kind, w)
         for kind in ("Mutating", "Validating")
-        for w in rendered[(f"{kind}WebhookConfiguration", "sparkgate")]["webhooks"]
+        for w in (objects.get((f"{kind}WebhookConfiguration", "sparkgate")) or {}).get("webhooks", [])
     ]
 
 
-def test_webhook_configurations(rendered: dict[tuple[str, str], Obj]) -> None:
+@pytest.fixture(scope="module")
+def old_clusters(kustomize: ModuleType) -> dict[tuple[str, str], Obj]:
+    """The install for clusters older than 1.30 (overlays/validating-webhook)."""
+    objects: dict[tuple[str, str], Obj] = kustomize.by_kind(
+        kustomize.build(MANIFESTS / "overlays" / "validating-webhook")
+    )
+    return objects
+
+
+def test_webhook_configurations(
+    rendered: dict[tuple[str, str], Obj], old_clusters: dict[tuple[str, str], Obj]
+) -> None:
     routes = set(re.findall(r'@app\.post\("([^"]+)"\)', (REPO / "webhook" / "app.py").read_text()))
-    for _, w in webhooks(rendered):
+    for _, w in webhooks(rendered) + webhooks(old_clusters):
         assert w["failurePolicy"] == "Ignore" and w["sideEffects"] == "None", w["name"]
         assert w["admissionReviewVersions"] == ["v1"] and w["timeoutSeconds"] <= 3
         assert w["objectSelector"] == {"matchLabels": {"spark-role": "executor"}}
@@ -178,11 +226,38 @@ def test_webhook_configurations(rendered: dict[tuple[str, str], Obj]) -> None:
         )
         assert "caBundle" not in w["clientConfig"]  # injected by certs sync
         assert service["path"] in routes
-    (_, mutating), (_, validating) = webhooks(rendered)
+    [(kind, mutating)] = webhooks(rendered)
+    assert kind == "Mutating"
     assert mutating["rules"][0]["operations"] == ["CREATE"] and mutating["reinvocationPolicy"] == "Never"
     assert mutating["clientConfig"]["service"]["path"] == "/mutate"
+    (_, same), (kind, validating) = webhooks(old_clusters)
+    assert same == mutating and kind == "Validating"
     assert validating["rules"][0]["operations"] == ["UPDATE"]
     assert validating["clientConfig"]["service"]["path"] == "/validate"
+
+
+def test_the_gate_is_protected_by_an_admission_policy_and_on_old_clusters_by_the_webhook(
+    rendered: dict[tuple[str, str], Obj], old_clusters: dict[tuple[str, str], Obj]
+) -> None:
+    policy = rendered[("ValidatingAdmissionPolicy", "sparkgate-gate")]
+    binding = rendered[("ValidatingAdmissionPolicyBinding", "sparkgate-gate")]
+    assert "namespace" not in policy["metadata"] and "namespace" not in binding["metadata"]
+    assert binding["spec"] == {"policyName": "sparkgate-gate", "validationActions": ["Deny"]}
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods"]}
+    ]
+    conditions = " ".join(c["expression"] for c in spec["matchConditions"])
+    assert f"'{contract.ALLOCATOR_USER}'" in conditions and f"'{contract.GATE}'" in conditions
+    [validation] = spec["validations"]
+    assert f"'{contract.GATE}'" in validation["expression"]
+    assert (
+        validation["message"].startswith("sparkgate: only the sparkgate allocator")
+        and "\n" not in validation["message"]
+    )
+    assert not {k for k in old_clusters if k[0].startswith("ValidatingAdmissionPolicy")}
+    assert ("ValidatingWebhookConfiguration", "sparkgate") not in rendered
 
 
 def test_the_renderer_applies_kustomize_loader_rules(kustomize: ModuleType, tmp_path: Path) -> None:
@@ -211,15 +286,13 @@ def test_cert_manager_overlay_hands_certificates_over(kustomize: ModuleType) -> 
         for rule in objects[(kind, "sparkgate-allocator")]["rules"]
         for resource in rule["resources"]
     }
-    assert granted == {"pods", "configmaps", "events", "leases"}
+    assert granted == {"pods", "configmaps", "events", "leases", "namespaces"}
     certificate = objects[("Certificate", "sparkgate-webhook")]["spec"]
     webhook_names = {
         w["clientConfig"]["service"]["name"] + "." + w["clientConfig"]["service"]["namespace"] + ".svc"
-        for kind in ("Mutating", "Validating")
-        for w in objects[(f"{kind}WebhookConfiguration", "sparkgate")]["webhooks"]
+        for _, w in webhooks(objects)
     }
-    assert webhook_names <= set(certificate["dnsNames"])
-    for kind in ("Mutating", "Validating"):
-        annotations = objects[(f"{kind}WebhookConfiguration", "sparkgate")]["metadata"]["annotations"]
-        assert annotations["cert-manager.io/inject-ca-from"] == "sparkgate-system/sparkgate-webhook"
+    assert webhook_names and webhook_names <= set(certificate["dnsNames"])
+    annotations = objects[("MutatingWebhookConfiguration", "sparkgate")]["metadata"]["annotations"]
+    assert annotations["cert-manager.io/inject-ca-from"] == "sparkgate-system/sparkgate-webhook"
     assert certificate["secretName"] == "sparkgate-webhook-tls"

@@ -5,7 +5,7 @@ or `request(METHOD, path)`). This test reads allocator/*.py and certs/*.py with 
 each call, the verb and the path template: a literal or f-string path, a `self.<attr>` assigned an f-string,
 a method or module function returning one, or a module constant; a `Reflector(kube, name, path, ...)`
 lists and watches its path. A call whose path it cannot derive fails the test, so new code keeps its
-paths readable. The union is compared with the rendered ClusterRole and Role, rule by rule and verb by verb.
+paths readable. sparkgate/probe.py, which the allocator runs, is read too. The union is compared with the rendered ClusterRole and Role, rule by rule and verb by verb.
 Then certs sync really runs on kubesim as the allocator's service account, and every request it made must
 be allowed by the same rules (resourceNames included).
 """
@@ -140,7 +140,9 @@ def uses_in(path: Path) -> Iterator[Use]:
 
 
 def code_uses() -> list[Use]:
-    return [u for d in ("allocator", "certs") for p in sorted((REPO / d).glob("*.py")) for u in uses_in(p)]
+    """allocator/, certs/, and the policy probe that the allocator runs (sparkgate/probe.py)."""
+    files = [p for d in ("allocator", "certs") for p in sorted((REPO / d).glob("*.py"))]
+    return [u for p in [*files, REPO / "sparkgate" / "probe.py"] for u in uses_in(p)]
 
 
 def rules(rendered: dict[tuple[str, str], Obj]) -> list[Obj]:

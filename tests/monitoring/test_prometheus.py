@@ -60,6 +60,9 @@ profiles:
   - name: held
     match: {namespaces: [spark-held]}
     configMaps: [{source: absent-log4j, mountPath: /etc/log4j}]
+  - name: refused
+    match: {namespaces: [spark-refused]}
+    template: {spec: {priorityClassName: no-such-class}}
   - name: spark
 """
 REFUSED_POLICY = "apiVersion: sparkgate.io/v1alpha1\nkind: Policy\nallocation: {batchSize: -1}\n"
@@ -240,7 +243,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, prometheus_rule: dict[str, Any
     system = LocalSystem(
         policy,
         workdir / "system",
-        namespaces=("spark", "spark-b", "spark-held"),
+        namespaces=("spark", "spark-b", "spark-held", "spark-refused"),
         allocator_tick=0.2,
         nodes=2,
         node_cpu="4",  # 7 executors of 1 CPU beside the drivers: far fewer than the apps ask for
@@ -457,6 +460,7 @@ def test_every_alert_fires_in_its_scenario(run: Run, alert_rules: list[dict[str,
         "SparkgateWatchRestartStorm",
         "SparkgateCertificateExpiresSoon",
         "SparkgatePolicyRejected",
+        "SparkgateProfileRefused",
     }
     later = {"SparkgateWebhookBypassed", "SparkgateNoAllocatorLeader"}
     assert by_workload | later == names, "every alert has a scenario here"
@@ -482,6 +486,10 @@ def test_every_alert_fires_in_its_scenario(run: Run, alert_rules: list[dict[str,
         "sparkgate-webhook",
         "sparkgate-allocator",
     }
+    # The leader's policy probe: the profile naming a PriorityClass that does not exist, where it applies.
+    assert [(a["profile"], a["namespace"]) for a in prometheus.firing("SparkgateProfileRefused")] == [
+        ("refused", "spark-refused")
+    ]
 
     # The webhook goes away: an executor pod is admitted without sparkgate (failurePolicy Ignore).
     assert system.webhook is not None and system.allocator is not None

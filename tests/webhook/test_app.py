@@ -27,7 +27,9 @@ class Clock:
 @pytest.fixture
 def policy_file(tmp_path: Path) -> Path:
     path = tmp_path / "policy.yaml"
-    path.write_text((Path(__file__).parents[2] / "sparkgate" / "examples" / "policy.yaml").read_text())
+    path.write_text(
+        (Path(__file__).parents[2] / "manifests" / "overlays" / "example-policy" / "policy.yaml").read_text()
+    )
     return path
 
 

@@ -1,0 +1,223 @@
+"""The allocator's policy probe (allocator/probe.py) on kubesim: the leader exports each profile's result
+per namespace, records a Warning Event naming a refused profile on the policy ConfigMap, probes again when
+the policy changes or its interval has passed, and a follower exports nothing. End to end, a Spark driver
+whose executors get a PriorityClass, a runtime class and a service account from the profile runs all of
+them, and an installed profile naming a missing class shows in the allocator's metric.
+
+kubesim's Priority plugin answers as plugin/pkg/admission/priority/admission.go does (`no PriorityClass
+with name NAME was found`); a dry run (`dryRun=All`) stores nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from allocator.metrics import AllocatorMetrics
+from allocator.probe import REASON, PolicyProbe
+from kubesim.cluster import Cluster
+from sandbox.localsystem import LocalSystem
+from sparkgate import contract
+from sparkgate.kube import Kube
+from sparkgate.policy_file import PolicySource
+
+REPO = Path(__file__).resolve().parents[2]
+METRIC = "sparkgate_allocator_policy_probe_admitted"
+POLICY = """
+apiVersion: sparkgate.io/v1alpha1
+kind: Policy
+allocation: {{batchSize: 5, batchDelaySeconds: 0.1, maxPendingPerApp: 20}}
+profiles:
+  - name: spark
+    match: {{namespaces: [spark]}}
+    template:
+      spec:
+        priorityClassName: {klass}
+        runtimeClassName: gvisor
+        serviceAccountName: spark-exec
+    overrides: [spec.serviceAccountName]
+{extra}"""
+BROKEN = """  - name: broken
+    match: {namespaces: [spark-b]}
+    template:
+      spec:
+        priorityClassName: no-such-class
+"""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def prepare(cluster: Cluster, namespaces: tuple[str, ...] = ("spark", "spark-b")) -> None:
+    """What the profiles name, created by the admin beside the policy."""
+    for namespace in namespaces:
+        cluster.add_namespace(namespace)
+    cluster.add_priority_class("spark-batch", 1000)
+    cluster.add_runtime_class("gvisor", "runsc", overhead={"cpu": "100m", "memory": "64Mi"})
+    cluster.add_service_account("spark", "spark-exec")
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    with Cluster(nodes=1) as c:
+        prepare(c)
+        c.store.create(
+            "configmaps",
+            {"metadata": {"name": contract.POLICY_CONFIGMAP}, "data": {"policy.yaml": "..."}},
+            namespace=contract.INSTALL_NAMESPACE,
+        )
+        yield c
+
+
+def sample(metrics: AllocatorMetrics, profile: str, namespace: str) -> float | None:
+    value: float | None = metrics.registry.get_sample_value(
+        METRIC, {"profile": profile, "namespace": namespace}
+    )
+    return value
+
+
+def test_the_leader_exports_results_records_refusals_and_probes_again_when_due(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(POLICY.format(klass="spark-batch", extra=BROKEN))
+    clock = Clock()
+    metrics = AllocatorMetrics()
+    kube = Kube.from_kubeconfig(str(cluster.add_user(contract.ALLOCATOR_USER)))
+    probe = PolicyProbe(
+        kube,
+        PolicySource(str(path), contract.INSTALL_NAMESPACE, clock=clock, check_interval=0),
+        metrics,
+        interval=300,
+        monotonic=clock,
+    )
+    try:
+        assert probe.due()
+        results = probe.run_once()
+        assert [(r.profile, r.namespace, r.verdict.value) for r in results] == [
+            ("spark", "spark", "admitted"),
+            ("broken", "spark-b", "refused"),
+        ]
+        assert sample(metrics, "spark", "spark") == 1 and sample(metrics, "broken", "spark-b") == 0
+        events, _, _ = cluster.store.list_objects("events", namespace=contract.INSTALL_NAMESPACE)
+        [event] = [e for e in events if e["reason"] == REASON]
+        config_map = cluster.store.get("configmaps", contract.INSTALL_NAMESPACE, contract.POLICY_CONFIGMAP)
+        assert event["type"] == "Warning"
+        assert event["involvedObject"] == {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "name": contract.POLICY_CONFIGMAP,
+            "namespace": contract.INSTALL_NAMESPACE,
+            "uid": config_map["metadata"]["uid"],
+        }
+        assert event["message"] == (
+            "profile broken in namespace spark-b: the API server refuses its executor pods (dry run): "
+            'pods "sparkgate-probe-broken" is forbidden: no PriorityClass with name no-such-class was found'
+        )
+        assert not cluster.store.list_objects("pods")[0], "dry runs store nothing"
+
+        assert not probe.due()
+        clock.now += 300
+        assert probe.due(), "every interval"
+        probe.run_once()
+        path.write_text(POLICY.format(klass="spark-batch", extra=""))
+        clock.now += 1
+        assert probe.due(), "when the policy changes"
+        probe.run_once()
+        assert sample(metrics, "broken", "spark-b") is None, "a profile that is gone has no series"
+        assert sample(metrics, "spark", "spark") == 1
+        probe.forget()
+        assert sample(metrics, "spark", "spark") is None and probe.due()
+    finally:
+        kube.close()
+
+
+def test_the_alert_fires_on_a_refused_profile_only() -> None:
+    """The rule as shipped; its expression over what the leader and a follower export (max over them)."""
+    rules = yaml.safe_load((REPO / "manifests" / "monitoring" / "prometheusrule.yaml").read_text())
+    [rule] = [
+        r for g in rules["spec"]["groups"] for r in g["rules"] if r.get("alert") == "SparkgateProfileRefused"
+    ]
+    assert rule["expr"].strip() == f"max by (profile, namespace) ({METRIC}) == 0"
+    assert rule["labels"]["severity"] == "critical" and "for" not in rule
+    assert "{{ $labels.profile }}" in rule["annotations"]["summary"]
+    assert "{{ $labels.namespace }}" in rule["annotations"]["summary"]
+
+
+def scrape(text: str) -> dict[tuple[str, str], float]:
+    found = {}
+    for match in re.finditer(
+        rf'^{METRIC}\{{namespace="([^"]*)",profile="([^"]*)"\}} (\S+)$', text, re.MULTILINE
+    ):
+        found[(match.group(2), match.group(1))] = float(match.group(3))
+    return found
+
+
+@pytest.fixture
+def installed(tmp_path: Path) -> Iterator[Any]:
+    systems: list[LocalSystem] = []
+
+    def install(policy: str) -> LocalSystem:
+        path = tmp_path / "policy.yaml"
+        path.write_text(policy)
+        system = LocalSystem(path, tmp_path, namespaces=(), allocator_tick=0.2, nodes=3, node_cpu="8")
+        prepare(system.cluster)
+        systems.append(system.start())
+        return system
+
+    yield install
+    for system in systems:
+        system.stop()
+
+
+def test_a_driver_whose_profile_names_a_class_a_runtime_class_and_an_account_runs_every_executor(
+    installed: Any,
+) -> None:
+    system = installed(POLICY.format(klass="spark-batch", extra=BROKEN))
+    cluster, allocator = system.cluster, system.allocator
+    driver = cluster.spark_driver("spark", "classy", executors=8, batch_size=8, batch_delay=0.2, cpu="1")
+
+    def executors() -> list[dict[str, Any]]:
+        pods, _, _ = cluster.store.list_objects(
+            "pods", label_selector=f"spark-app-selector={driver.app_id},spark-role=executor"
+        )
+        return pods
+
+    cluster.wait_for(
+        lambda: len([p for p in executors() if p["status"].get("phase") == "Running"]) == 8,
+        timeout=90,
+        what="all 8 executors running",
+    )
+    assert driver.failures == 0 and not driver.dead
+    for pod in executors():
+        spec = pod["spec"]
+        assert spec["priorityClassName"] == "spark-batch" and spec["priority"] == 1000
+        assert spec["runtimeClassName"] == "gvisor" and spec["overhead"] == {"cpu": "100m", "memory": "64Mi"}
+        assert spec["serviceAccountName"] == "spark-exec"
+    # The installed policy's broken profile: the leader's probe exports it, and the alert's expression holds.
+    cluster.wait_for(
+        lambda: scrape(allocator.get("/metrics")[1]).get(("broken", "spark-b")) == 0,
+        timeout=60,
+        what="the probe's metric for the broken profile",
+    )
+    values = scrape(allocator.get("/metrics")[1])
+    assert values == {("spark", "spark"): 1.0, ("broken", "spark-b"): 0.0}
+
+    def refused_event() -> bool:
+        events, _, _ = cluster.store.list_objects("events", namespace=contract.INSTALL_NAMESPACE)
+        return any(
+            e["reason"] == REASON and "no PriorityClass with name no-such-class was found" in e["message"]
+            for e in events
+        )
+
+    cluster.wait_for(refused_event, timeout=30, what="the ProfileRefused Event on the policy ConfigMap")
