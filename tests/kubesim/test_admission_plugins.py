@@ -2,7 +2,7 @@
 
 Each test names the Kubernetes source it copies; the refusals with the Priority, ServiceAccount and
 RuntimeClass plugins after a webhook's patch were measured on a real 1.36 cluster
-(docs: ../shared/reference/real-cluster-facts.md, "The admission chain").
+(docs: docs/real-cluster-facts.md, "The admission chain").
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The captured pods (tests/data/spark-4.3) arrive after the built-in mutating plugins' first pass: they carry
 `spec.priority: 0`, `spec.preemptionPolicy: PreemptLowerPriority`, the `kube-api-access-*` token volume and
 the two default tolerations. kube-apiserver runs the plugins again after a webhook changed the pod
-(../shared/reference/real-cluster-facts.md, "The admission chain"); the Priority plugin
+(docs/real-cluster-facts.md, "The admission chain"); the Priority plugin
 (plugin/pkg/admission/priority/admission.go) refuses a pod whose `spec.priority` differs from what it
 computes from the class, the RuntimeClass plugin (plugin/pkg/admission/runtimeclass/admission.go) one
 whose `spec.overhead` differs from the class's.
