@@ -43,11 +43,6 @@ def _program(expression: str) -> celpy.Runner:
         raise CelError(f"compilation failed: {e}") from None
 
 
-def check(expression: str) -> None:
-    """CelError when the expression does not compile."""
-    _program(expression)
-
-
 class Inputs:
     """The variables of a set of expressions: each JSON document is converted to CEL once, and only when
     an expression names it (a Spark executor pod takes milliseconds to convert)."""

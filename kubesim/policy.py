@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import cel, matching
-from .errors import ApiError
+from .errors import ApiError, forbidden
 from .resources import RESOURCES
 from .store import AdmissionRequest, Obj, Store
 
@@ -125,11 +125,9 @@ def _deny(
     request: AdmissionRequest, obj: Obj | None, policy: str, binding: str, reason: str, message: str
 ) -> None:
     text = f"ValidatingAdmissionPolicy '{policy}' with binding '{binding}' denied request: {message}"
-    resource = RESOURCES[request.resource]
     name = ((obj or request.old or {}).get("metadata") or {}).get("name") or request.name
-    details: dict[str, Any] = {"name": name, "kind": request.resource, "causes": [{"message": text}]}
-    if resource.group:
-        details["group"] = resource.group
-    raise ApiError(
-        _CODES.get(reason, 422), reason, f'{resource.qualified} "{name}" is forbidden: {text}', details
-    )
+    error = forbidden(request.resource, name, text, group=RESOURCES[request.resource].group)
+    error.code, error.reason = _CODES.get(reason, 422), reason
+    assert error.details is not None
+    error.details["causes"] = [{"message": text}]
+    raise error

@@ -19,11 +19,6 @@ class Resource:
         return f"{self.group}/{self.version}" if self.group else self.version
 
     @property
-    def qualified(self) -> str:
-        """The resource as kube-apiserver's errors name it: `pods`, `priorityclasses.scheduling.k8s.io`."""
-        return f"{self.plural}.{self.group}" if self.group else self.plural
-
-    @property
     def list_kind(self) -> str:
         return f"{self.kind}List"
 

@@ -459,3 +459,25 @@ def test_namespace_lifecycle_comes_before_every_other_plugin(
         core.create_namespaced_pod("nowhere", executor_pod("e1"))
     assert refusal(e) == (404, 'namespaces "nowhere" not found')
     assert hook.requests == []
+
+
+def test_pod_security_on_update_checks_only_significant_changes(
+    cluster: Cluster, core: client.CoreV1Api
+) -> None:
+    """pod-security-admission admission.go isSignificantPodUpdate: a pod update is evaluated only when a
+    container image changes; metadata changes of a pod made before the namespace enforced a level pass."""
+    cluster.add_namespace("later")
+    privileged = pod("p", schedulingGates=[{"name": "x/y"}])
+    privileged["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    core.create_namespaced_pod("later", privileged)
+    core.patch_namespace(
+        "later", {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "baseline"}}}
+    )
+    core.patch_namespaced_pod("p", "later", {"metadata": {"labels": {"a": "1"}}})
+    with pytest.raises(client.ApiException) as e:
+        core.patch_namespaced_pod("p", "later", {"spec": {"containers": [{"name": "c", "image": "y"}]}})
+    assert refusal(e) == (
+        403,
+        'pods "p" is forbidden: violates PodSecurity "baseline:latest": privileged (container "c" must not set '
+        "securityContext.privileged=true)",
+    )
