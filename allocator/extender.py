@@ -12,7 +12,8 @@ Filter: a node where `failuresPerApp` executors of the pod's app failed within t
 that app; a node where executors of `suspectNodeApps` apps failed within the (top-level) window is refused
 for every app. The reason goes into FailedNodes, and into FailedAndUnresolvableNodes too, which
 kube-scheduler gives precedence: evicting lower-priority pods (preemption) cannot make such a node fit. When
-every node would be refused, none is: a failing node is better than none (the fallback is counted).
+every node of the cluster would be refused, none is: a failing node is better than none (the fallback is
+counted); when only the nodes that fit the pod now are, the pod waits for room on a good one.
 
 Prioritize (docs/policy.md "Scoring"): `packing: app` gives 10 x executors of the app on the node / the most
 on any node (0 on nodes without any), `spread` the complement; `driverZone: prefer` gives 10 in the driver's
@@ -122,14 +123,18 @@ def exclusions(
 
 
 def filter_nodes(
-    names: Sequence[str], excluded: Mapping[str, Exclusion]
+    names: Sequence[str], excluded: Mapping[str, Exclusion], cluster: frozenset[str]
 ) -> tuple[list[str], dict[str, str], bool]:
-    """(nodes kept, failed node -> message, fell back): never every node away."""
+    """(nodes kept, failed node -> message, fell back).
+
+    kube-scheduler sends only the nodes that fit the pod; when all of those are refused the pod waits for
+    room on a good node (FailedScheduling says why). But when every node of the `cluster` is refused, none
+    is: the executors run somewhere rather than nowhere."""
     if not excluded:
         return list(names), {}, False
-    kept = [n for n in names if n not in excluded]
-    if not kept and names:
+    if all(n in excluded for n in cluster) and all(n in excluded for n in names):
         return list(names), {}, True
+    kept = [n for n in names if n not in excluded]
     return kept, {n: excluded[n].message for n in names if n in excluded}, False
 
 
@@ -264,7 +269,7 @@ class Extender:
 
     def filter(self, args: Args, app: AppKey, policy: Policy) -> tuple[Obj, bool]:
         excluded = self.excluded(app, args.profile, policy)
-        kept, failed, fell_back = filter_nodes(args.names, excluded)
+        kept, failed, fell_back = filter_nodes(args.names, excluded, self.placement.nodes())
         if fell_back:
             self.metrics.extender_fallbacks.inc()
         for node in failed:

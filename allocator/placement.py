@@ -60,6 +60,7 @@ class Placement:
         self._counted: set[str] = set()  # uids of failed pods already counted
         self._executors: dict[AppKey, collections.Counter[str]] = {}  # app -> node -> live executors
         self._node_zone: dict[str, str] = {}
+        self._nodes: frozenset[str] = frozenset()  # every node of the cluster
         self._driver_node: dict[AppKey, str] = {}
         self._driver_zone: dict[AppKey, str] = {}  # the driver pod's own zone label (k8s 1.35+ copies it)
 
@@ -100,6 +101,8 @@ class Placement:
         name = meta.get("name", "")
         zone = None if kind == "DELETED" else (meta.get("labels") or {}).get(ZONE_LABEL)
         with self._lock:
+            if (kind == "DELETED") == (name in self._nodes):  # both replaced on change, read without lock
+                self._nodes = self._nodes - {name} if kind == "DELETED" else self._nodes | {name}
             if self._node_zone.get(name) == zone:
                 return  # most node events are status heartbeats
             zones = dict(self._node_zone)  # copied on change: readers keep a consistent mapping
@@ -118,6 +121,7 @@ class Placement:
                 zones[meta.get("name", "")] = zone
         with self._lock:
             self._node_zone = zones
+            self._nodes = frozenset((o.get("metadata") or {}).get("name", "") for o in items)
 
     def driver_event(self, kind: str, obj: Obj) -> None:
         meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
@@ -173,6 +177,10 @@ class Placement:
         with self._lock:
             node = self._driver_node.get(app)
             return self._driver_zone.get(app) or (self._node_zone.get(node) if node else None)
+
+    def nodes(self) -> frozenset[str]:
+        """Every node of the cluster, as the node watch last saw them."""
+        return self._nodes
 
     def zones(self) -> Mapping[str, str]:
         """node -> zone, for the nodes that have a zone label (replaced, never changed: read only)."""

@@ -21,9 +21,10 @@ One scheduling attempt follows pkg/scheduler/schedule_one.go (kube-scheduler 1.3
   gives no score). The highest total wins, ties going to the first node in name order (the real scheduler
   picks among ties at random);
 - no feasible node: the FitError message of pkg/scheduler/framework/types.go, `0/3 nodes are available: 1
-  Insufficient cpu, 2 <extender's reason>.` (reasons counted, sorted, joined) then DefaultPreemption's
-  `preemption: 0/3 nodes are available: ...` (nothing here has a lower priority: no victims, or "Preemption
-  is not helpful" for unresolvable nodes), goes into a FailedScheduling Warning event from the profile and
+  Insufficient cpu, 2 <extender's reason>.` (reasons counted, sorted, joined) then the PostFilter messages
+  of DynamicResources and DefaultPreemption, `no new claims to deallocate, preemption: 0/3 nodes are
+  available: ...` (nothing here has a lower priority: no victims, or "Preemption is not helpful for
+  scheduling" on unresolvable nodes), as 1.35 clusters write them, goes into a FailedScheduling Warning event from the profile and
   the pod's `PodScheduled=False` condition, reason Unschedulable (SchedulerError when an extender failed).
   The event and condition are written when the message changes (the real event recorder aggregates
   repeats into a series).
@@ -161,7 +162,7 @@ def fit_error(total: int, statuses: Mapping[str, tuple[str, str]]) -> str:
     )
     return (
         message
-        + f" preemption: 0/{total} nodes are available: "
+        + f" no new claims to deallocate, preemption: 0/{total} nodes are available: "
         + ", ".join(sorted(f"{n} {r}" for r, n in preemption.items()))
         + "."
     )
@@ -303,10 +304,8 @@ class Scheduler:
     def _misfit(self, pod: Obj, node: Obj, room: tuple[int, int, int]) -> tuple[str, str] | None:
         """The first failing filter plugin's (reason, code) for this node, None when the pod fits."""
         labels = node["metadata"].get("labels") or {}
-        for taint in (node.get("spec") or {}).get("taints") or []:
-            if not tolerates(pod, taint):
-                value = f": {taint['value']}" if taint.get("value") else ""
-                return f"node(s) had untolerated taint {{{taint.get('key')}{value}}}", UNRESOLVABLE
+        if not all(tolerates(pod, t) for t in (node.get("spec") or {}).get("taints") or []):
+            return "node(s) had untolerated taint(s)", UNRESOLVABLE
         selector = (pod.get("spec") or {}).get("nodeSelector") or {}
         if any(labels.get(k) != v for k, v in selector.items()):
             return "node(s) didn't match Pod's node affinity/selector", UNRESOLVABLE
