@@ -425,15 +425,7 @@ class Scheduler:
         )
         scheduler = (pod.get("spec") or {}).get("schedulerName") or DEFAULT_SCHEDULER
         meta = pod["metadata"]
-        with contextlib.suppress(ApiError):
-            self.store.patch(
-                "pods",
-                key[0],
-                key[1],
-                {"status": {"conditions": conditions}},
-                "application/merge-patch+json",
-                subresource="status",
-            )
+        with contextlib.suppress(ApiError):  # the event first, then the condition, as handleSchedulingFailure
             self.store.create(
                 "events",
                 {
@@ -454,4 +446,12 @@ class Scheduler:
                     "eventTime": now,
                     "count": 1,
                 },
+            )
+            self.store.patch(
+                "pods",
+                key[0],
+                key[1],
+                {"status": {"conditions": conditions}},
+                "application/merge-patch+json",
+                subresource="status",
             )
