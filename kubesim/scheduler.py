@@ -36,6 +36,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import re
 import secrets
 import threading
 import time
@@ -113,6 +114,20 @@ class Extender:
     ignorable: bool = False
     http_timeout: float = 5.0  # the real default
 
+    @classmethod
+    def from_config(cls, entry: Obj, url_prefix: str | None = None) -> Extender:
+        """An entry of KubeSchedulerConfiguration.extenders, its defaults as kube-scheduler's (weight 1,
+        httpTimeout 5s); `url_prefix` replaces the configured one (a Service name outside a cluster)."""
+        return cls(
+            url_prefix=url_prefix or entry["urlPrefix"],
+            filter_verb=entry.get("filterVerb", ""),
+            prioritize_verb=entry.get("prioritizeVerb", ""),
+            weight=int(entry.get("weight", 1)),
+            node_cache_capable=bool(entry.get("nodeCacheCapable", False)),
+            ignorable=bool(entry.get("ignorable", False)),
+            http_timeout=go_duration(entry.get("httpTimeout", "5s")),
+        )
+
     def call(self, verb: str, args: Obj) -> Any:
         """POST ExtenderArgs to <urlPrefix>/<verb> (extender.go `send`): the decoded answer, or ExtenderError."""
         url = self.url_prefix.rstrip("/") + "/" + verb
@@ -130,6 +145,15 @@ class Extender:
 
 class ExtenderError(Exception):
     pass
+
+
+def go_duration(text: str) -> float:
+    """A metav1.Duration as kube-scheduler's configuration writes it ("500ms", "1s", "1m30s"), in seconds."""
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"not a duration: {text!r}")
+    return sum(float(n) * units[u] for n, u in parts)
 
 
 def _field(document: Any, name: str) -> Any:

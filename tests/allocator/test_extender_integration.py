@@ -1,5 +1,6 @@
-"""The scheduler extender end to end: kubesim's scheduler runs a `sparkgate` profile whose extender is the
-real allocator process (POST /scheduler/filter and /scheduler/prioritize over HTTP, as kube-scheduler's
+"""The scheduler extender end to end: kubesim's scheduler runs the `sparkgate` profile of the scheduler
+overlay's KubeSchedulerConfiguration (weight 5, ignorable, 500ms timeout), whose extender is the real
+allocator process (POST /scheduler/filter and /scheduler/prioritize over HTTP, as kube-scheduler's
 HTTPExtender calls it: pkg/scheduler/extender.go), the real webhook sets the executors' schedulerName, and
 simulated kubelets OOM-kill every executor that starts on a bad node (exit 137, reason OOMKilled, as the
 kubelet reports a container killed by the kernel's OOM killer).
@@ -18,12 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from kubesim.cluster import Cluster
 from kubesim.scheduler import Extender
 from kubesim.sparkdriver import SparkDriver
 from sandbox.localsystem import AllocatorProcess, LocalSystem
 
+OVERLAY = Path(__file__).resolve().parents[2] / "manifests" / "overlays" / "scheduler" / "scheduler.yaml"
 POLICY = """
 apiVersion: sparkgate.io/v1alpha1
 kind: Policy
@@ -85,9 +88,16 @@ def start(tmp_path: Path) -> Iterator[Any]:
             system.cluster.add_node(name, cpu=cpu, memory="1000Gi", labels=labels)
         system.start()
         assert system.allocator is not None
+        # The overlay's own KubeSchedulerConfiguration, its urlPrefix pointed at this allocator.
+        config = next(
+            yaml.safe_load(o["data"]["scheduler-config.yaml"])
+            for o in yaml.safe_load_all(OVERLAY.read_text())
+            if o["kind"] == "ConfigMap"
+        )
+        (profile,) = config["profiles"]
         system.cluster.scheduler.add_profile(
-            "sparkgate",
-            [Extender(f"{system.allocator.url}/scheduler", weight=5, ignorable=True, http_timeout=5)],
+            profile["schedulerName"],
+            [Extender.from_config(e, f"{system.allocator.url}/scheduler") for e in config["extenders"]],
         )
         recorders.append(Bindings(system.cluster))
         system.cluster.wait_for(

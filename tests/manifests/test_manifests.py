@@ -211,7 +211,7 @@ def test_cert_manager_overlay_hands_certificates_over(kustomize: ModuleType) -> 
         for rule in objects[(kind, "sparkgate-allocator")]["rules"]
         for resource in rule["resources"]
     }
-    assert granted == {"pods", "configmaps", "events", "leases"}
+    assert granted == {"pods", "configmaps", "events", "leases", "nodes"}
     certificate = objects[("Certificate", "sparkgate-webhook")]["spec"]
     webhook_names = {
         w["clientConfig"]["service"]["name"] + "." + w["clientConfig"]["service"]["namespace"] + ".svc"
