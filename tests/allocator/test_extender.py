@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from allocator.extender import Extender, exclusions, filter_nodes, parse_args, s
 from allocator.metrics import AllocatorMetrics
 from allocator.model import PodRecord
 from allocator.placement import Placement
+from sparkgate.cli import main
 from sparkgate.contract import AppKey
 from sparkgate.policy import Scheduling, load_policy
 
@@ -227,3 +229,51 @@ def test_a_malformed_request_is_a_400_saying_what_is_wrong(
     assert code == 400 and error in result["Error"]
     with pytest.raises(ValueError, match=re.escape(error)):
         parse_args(body)
+
+
+def test_the_policy_sets_the_extender_per_profile_with_defaults_and_says_what_is_wrong() -> None:
+    """docs/policy.md "Scheduling": top-level defaults, profiles override (suspectNodeApps is cluster-wide,
+    schedulerName per profile), errors name their place."""
+    policy = load_policy(POLICY)
+    assert load_policy("apiVersion: sparkgate.io/v1alpha1\nkind: Policy\n").scheduling == Scheduling(
+        failures_per_app=3,
+        suspect_node_apps=3,
+        failure_window_seconds=600.0,
+        packing="none",
+        driver_zone="ignore",
+    )
+    assert policy.scheduling_for("wide") == Scheduling(5, 2, 60.0, "spread", "ignore", None)
+    assert policy.scheduling_for("unknown") == policy.scheduling
+    bad = """
+apiVersion: sparkgate.io/v1alpha1
+kind: Policy
+scheduling: {failuresPerApp: 0, packing: tight, schedulerName: x}
+profiles:
+  - name: p
+    scheduling: {failureWindowSeconds: 0, suspectNodeApps: 2, driverZone: always, schedulerName: Not_A_Name}
+"""
+    with pytest.raises(ValueError) as raised:
+        load_policy(bad)
+    assert str(raised.value).splitlines() == [
+        "scheduling.schedulerName: unknown key (expected one of: driverZone, failureWindowSeconds, "
+        "failuresPerApp, packing, suspectNodeApps)",
+        "scheduling.failuresPerApp: must be between 1 and 1000, got 0",
+        "scheduling.packing: expected one of none, app, spread, got 'tight'",
+        "profiles[0].scheduling.suspectNodeApps: unknown key (expected one of: driverZone, "
+        "failureWindowSeconds, failuresPerApp, packing, schedulerName)",
+        "profiles[0].scheduling.failureWindowSeconds: expected seconds between 1 and 86400, got 0",
+        "profiles[0].scheduling.driverZone: expected one of ignore, prefer, got 'always'",
+        "profiles[0].scheduling.schedulerName: 'Not_A_Name' is not a valid scheduler name (a DNS subdomain)",
+    ]
+
+
+def test_policy_check_shows_the_extender_settings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(POLICY)
+    assert main(["policy", "check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "  scheduling: a node is refused to an app after 2 of its executors failed there, to every app after "
+        "executors of 2 apps did, within 60s; packing none, driverZone ignore\n"
+    ) in out
+    assert "    scheduling: a node is refused to an app after 5 of its" in out and "packing spread" in out
