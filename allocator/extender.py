@@ -28,6 +28,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring
 from typing import Any
 
 from sparkgate import contract
@@ -86,30 +87,19 @@ def _category(failures: Sequence[Failure]) -> str:
     return "exit_code" if kind.startswith("exit ") else "rejected"
 
 
-def exclusions(
-    failures: Mapping[str, Sequence[Failure]],
-    app: AppKey,
-    settings: Scheduling,
-    cluster: Scheduling,
-    now: float,
-) -> dict[str, Exclusion]:
-    """The nodes refused to an executor of `app`: `settings` are its profile's, `cluster` the top level's
-    (suspect nodes), `failures` those of each node, `now` on the failures' (monotonic) clock."""
+def suspect_nodes(
+    failures: Mapping[str, Sequence[Failure]], cluster: Scheduling, now: float
+) -> tuple[dict[str, Exclusion], float]:
+    """The nodes refused to every app (`cluster`: the top-level settings; `failures` by node, `now` on their
+    monotonic clock), and until when that answer holds if no failure comes: when the oldest one leaves the
+    window."""
     out: dict[str, Exclusion] = {}
-    app_since = now - settings.failure_window_seconds
-    node_since = now - cluster.failure_window_seconds
+    since = now - cluster.failure_window_seconds
+    oldest = now
     for node, seen in failures.items():
-        own = [f for f in seen if f.app == app and f.at >= app_since]
-        if len(own) >= settings.failures_per_app:
-            out[node] = Exclusion(
-                node,
-                "app",
-                _category(own),
-                f"sparkgate: {len(own)} executors of {short_app(app)} failed here in the last "
-                f"{duration(settings.failure_window_seconds)} ({_kinds(own)})",
-            )
-            continue
-        recent = [f for f in seen if f.at >= node_since]
+        recent = [f for f in seen if f.at >= since]
+        if recent:
+            oldest = min(oldest, recent[0].at)
         apps = {f.app for f in recent}
         if len(apps) >= cluster.suspect_node_apps:
             out[node] = Exclusion(
@@ -118,6 +108,29 @@ def exclusions(
                 _category(recent),
                 f"sparkgate: executors of {len(apps)} apps failed here in the last "
                 f"{duration(cluster.failure_window_seconds)} (suspect node: {_kinds(recent)})",
+            )
+    return out, oldest + cluster.failure_window_seconds
+
+
+def exclusions(
+    own: Sequence[Failure], app: AppKey, settings: Scheduling, suspect: Mapping[str, Exclusion], now: float
+) -> dict[str, Exclusion]:
+    """The nodes refused to an executor of `app`: where `settings.failures_per_app` of its own failures
+    (`own`) happened within its window, then the suspect nodes."""
+    since = now - settings.failure_window_seconds
+    by_node: dict[str, list[Failure]] = {}
+    for f in own:
+        if f.at >= since:
+            by_node.setdefault(f.node, []).append(f)
+    out = dict(suspect)
+    for node, failed in by_node.items():
+        if len(failed) >= settings.failures_per_app:
+            out[node] = Exclusion(
+                node,
+                "app",
+                _category(failed),
+                f"sparkgate: {len(failed)} executors of {short_app(app)} failed here in the last "
+                f"{duration(settings.failure_window_seconds)} ({_kinds(failed)})",
             )
     return out
 
@@ -132,10 +145,13 @@ def filter_nodes(
     is: the executors run somewhere rather than nowhere."""
     if not excluded:
         return list(names), {}, False
-    if all(n in excluded for n in cluster) and all(n in excluded for n in names):
+    refused = excluded.keys()
+    if cluster <= refused and refused >= set(names):
         return list(names), {}, True
-    kept = [n for n in names if n not in excluded]
-    return kept, {n: excluded[n].message for n in names if n in excluded}, False
+    kept = [n for n in names if n not in refused]
+    if len(kept) == len(names):
+        return kept, {}, False
+    return kept, {n: excluded[n].message for n in names if n in refused}, False
 
 
 def scores(
@@ -145,28 +161,32 @@ def scores(
     zones: Mapping[str, str],
     driver_zone: str | None,
 ) -> list[tuple[str, int]]:
-    """Each node's score, 0..10 (module docstring)."""
+    """Each node's score, 0..10 (module docstring). Only the few nodes that run the app's executors have a
+    score of their own; every other node scores by its zone alone."""
     names = list(names)
     packing = settings.packing != "none"
     zone = settings.driver_zone == "prefer" and driver_zone is not None
     if not packing and not zone:
         return [(n, 0) for n in names]
-    most = max((executors.get(n, 0) for n in names), default=0) if packing else 0
-    out = []
-    for n in names:
+    candidates = set(names)
+    most = max((k for n, k in executors.items() if n in candidates), default=0) if packing else 0
+
+    def score(executors_here: int, in_zone: bool) -> int:
         p = 0
         if packing:
-            share = executors.get(n, 0) / most if most else 0.0
+            share = executors_here / most if most else 0.0
             p = round(MAX_EXTENDER_PRIORITY * (share if settings.packing == "app" else 1 - share))
         if not zone:
-            out.append((n, p))
-            continue
-        here = zones.get(n) == driver_zone
+            return p
         if packing:
-            out.append((n, (6 if here else 0) + round(p * 4 / MAX_EXTENDER_PRIORITY)))
-        else:
-            out.append((n, MAX_EXTENDER_PRIORITY if here else 0))
-    return out
+            return (6 if in_zone else 0) + round(p * 4 / MAX_EXTENDER_PRIORITY)
+        return MAX_EXTENDER_PRIORITY if in_zone else 0
+
+    own = {n: score(k, zones.get(n) == driver_zone) for n, k in executors.items() if n in candidates}
+    inside, outside = score(0, True), score(0, False)
+    if not zone or inside == outside:
+        return [(n, own.get(n, outside)) for n in names]
+    return [(n, own.get(n, inside if zones.get(n) == driver_zone else outside)) for n in names]
 
 
 # --- the protocol ---------------------------------------------------------------------------------------
@@ -207,7 +227,7 @@ def parse_args(body: bytes) -> Args:
         raise BadRequest("Pod: expected the pod object")
     names, nodes = fields.get("nodenames"), fields.get("nodes")
     if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
             raise BadRequest("NodeNames: expected a list of node names")
         return Args(pod, names, None)
     if isinstance(nodes, dict) and isinstance(nodes.get("items"), list):
@@ -217,7 +237,10 @@ def parse_args(body: bytes) -> Args:
 
 
 class Extender:
-    """Answers /scheduler/<verb> on the allocator's HTTP listener (every replica: followers' caches are warm)."""
+    """Answers /scheduler/<verb> on the allocator's HTTP listener (every replica: followers' caches are warm).
+
+    The suspect nodes do not depend on the pod: they are computed once and kept until a failure comes (the
+    placement's version changes) or the oldest one leaves the window."""
 
     def __init__(
         self,
@@ -231,9 +254,11 @@ class Extender:
         self.policy = policy
         self.metrics = metrics
         self.perf_counter = perf_counter
+        self._suspect: tuple[tuple[int, Scheduling], float, dict[str, Exclusion]] | None = None
+        self._hosts: dict[str, str] = {}  # node name -> the start of its HostPriority in JSON
 
-    def handle(self, verb: str, body: bytes) -> tuple[int, Any]:
-        """(HTTP status, JSON document) for a POST to /scheduler/<verb>."""
+    def handle(self, verb: str, body: bytes) -> tuple[int, bytes]:
+        """(HTTP status, JSON answer) for a POST to /scheduler/<verb>."""
         started = self.perf_counter()
         outcome = "ok"
         try:
@@ -242,48 +267,70 @@ class Extender:
             app = args.app
             if app is None or policy is None:
                 outcome = "not_executor" if app is None else "no_policy"
-                return 200, self._neutral(verb, args)
+                if verb == "filter":
+                    return 200, json.dumps(_filter_result(args, args.names, {})).encode()
+                return 200, self._priorities((n, 0) for n in args.names)
             if verb == "filter":
                 document, fell_back = self.filter(args, app, policy)
                 outcome = "fallback" if fell_back else "ok"
-                return 200, document
-            return 200, self.prioritize(args, app, policy)
+                return 200, json.dumps(document).encode()
+            return 200, self._priorities(self.prioritize(args, app, policy))
         except BadRequest as e:
             outcome = "bad_request"
-            return 400, {"Error": f"sparkgate: {e}"}
+            return 400, json.dumps({"Error": f"sparkgate: {e}"}).encode()
         finally:
             self.metrics.extender_requests.labels(verb, outcome).inc()
             self.metrics.extender_seconds.labels(verb).observe(self.perf_counter() - started)
 
-    def _neutral(self, verb: str, args: Args) -> Any:
-        if verb == "filter":
-            return _filter_result(args, args.names, {})
-        return [{"Host": n, "Score": 0} for n in args.names]
+    def _priorities(self, scored: Iterable[tuple[str, int]]) -> bytes:
+        """A HostPriorityList, written by hand: a thousand dicts through json.dumps cost a third of a
+        millisecond more."""
+        hosts = self._hosts
+        if len(hosts) > 100_000:  # names come from requests: keep the cache bounded
+            hosts.clear()
+        items = []
+        for name, score in scored:
+            prefix = hosts.get(name)
+            if prefix is None:
+                prefix = hosts[name] = '{"Host":' + encode_basestring(name) + ',"Score":'
+            items.append(prefix + _SCORES[score])
+        return ("[" + ",".join(items) + "]").encode()
+
+    def suspect(self, policy: Policy) -> dict[str, Exclusion]:
+        cluster = policy.scheduling
+        key = (self.placement.version, cluster)
+        cached = self._suspect
+        now = self.placement.monotonic()
+        if cached is not None and cached[0] == key and now < cached[1]:
+            return cached[2]
+        found, valid_until = suspect_nodes(
+            self.placement.failures(cluster.failure_window_seconds), cluster, now
+        )
+        self._suspect = (key, valid_until, found)
+        return found
 
     def excluded(self, app: AppKey, profile: str | None, policy: Policy) -> dict[str, Exclusion]:
         settings = policy.scheduling_for(profile)
         window = max(settings.failure_window_seconds, policy.scheduling.failure_window_seconds)
         self.placement.retention = max(self.placement.retention, window)
-        failures = self.placement.failures(window)
-        return exclusions(failures, app, settings, policy.scheduling, self.placement.monotonic())
+        own = self.placement.app_failures(app, settings.failure_window_seconds)
+        return exclusions(own, app, settings, self.suspect(policy), self.placement.monotonic())
 
     def filter(self, args: Args, app: AppKey, policy: Policy) -> tuple[Obj, bool]:
         excluded = self.excluded(app, args.profile, policy)
         kept, failed, fell_back = filter_nodes(args.names, excluded, self.placement.nodes())
         if fell_back:
             self.metrics.extender_fallbacks.inc()
-        for node in failed:
-            self.metrics.extender_excluded.labels(excluded[node].scope, excluded[node].reason).inc()
+        counts = collections.Counter((excluded[n].scope, excluded[n].reason) for n in failed)
+        for (scope, reason), n in counts.items():
+            self.metrics.extender_excluded.labels(scope, reason).inc(n)
         return _filter_result(args, kept, failed), fell_back
 
-    def prioritize(self, args: Args, app: AppKey, policy: Policy) -> list[Obj]:
+    def prioritize(self, args: Args, app: AppKey, policy: Policy) -> list[tuple[str, int]]:
         settings = policy.scheduling_for(args.profile)
         zone = self.placement.driver_zone(app) if settings.driver_zone == "prefer" else None
         executors = self.placement.executors(app) if settings.packing != "none" else {}
-        return [
-            {"Host": n, "Score": s}
-            for n, s in scores(args.names, settings, executors, self.placement.zones(), zone)
-        ]
+        return scores(args.names, settings, executors, self.placement.zones(), zone)
 
     def app_document(self, app: AppKey, profile: str | None) -> list[Obj]:
         """The app's refused nodes and why, for /apps and /apps/<namespace>/<app id>."""
@@ -294,6 +341,9 @@ class Extender:
             {"node": e.node, "scope": e.scope, "reason": e.reason, "message": e.message}
             for e in sorted(self.excluded(app, profile, policy).values(), key=lambda e: e.node)
         ]
+
+
+_SCORES = tuple(f"{i}}}" for i in range(MAX_EXTENDER_PRIORITY + 1))
 
 
 def _filter_result(args: Args, kept: list[str], failed: dict[str, str]) -> Obj:

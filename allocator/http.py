@@ -37,6 +37,7 @@ class StatusServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive: kube-scheduler reuses its extender connections
+            disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK stall
 
             def log_message(self, format: str, *args: Any) -> None:
                 return
@@ -114,8 +115,8 @@ class StatusServer:
         if not path.startswith("/scheduler/") or verb not in VERBS:
             _send(request, 404, "text/plain", b"not found: POST /scheduler/filter or /scheduler/prioritize\n")
             return
-        code, document = self.extender.handle(verb, body)
-        _send(request, code, "application/json", json.dumps(document).encode())
+        code, answer = self.extender.handle(verb, body)
+        _send(request, code, "application/json", answer)
 
 
 def _send(request: BaseHTTPRequestHandler, code: int, content_type: str, body: bytes) -> None:

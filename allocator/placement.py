@@ -30,6 +30,7 @@ Obj = dict[str, Any]
 class Failure:
     at: float  # monotonic seconds
     app: AppKey
+    node: str
     kind: str  # "OOMKilled", "Evicted", "exit 137", or the kubelet's reason for rejecting the pod
 
 
@@ -57,6 +58,8 @@ class Placement:
         self.retention = retention  # seconds failures are kept: the longest window of the policy in force
         self._lock = threading.Lock()
         self._failures: dict[str, collections.deque[Failure]] = {}  # node -> failures, oldest first
+        self._by_app: dict[AppKey, collections.deque[Failure]] = {}  # the same, by app
+        self.version = 0  # counts the failures seen: what is computed from them is stale when it changes
         self._counted: set[str] = set()  # uids of failed pods already counted
         self._executors: dict[AppKey, collections.Counter[str]] = {}  # app -> node -> live executors
         self._node_zone: dict[str, str] = {}
@@ -81,9 +84,16 @@ class Placement:
                 self._count(current, +1)
             if current.phase == "Failed" and current.node and current.uid not in self._counted:
                 self._counted.add(current.uid)
-                failures = self._failures.setdefault(current.node, collections.deque())
-                failures.append(Failure(self.monotonic(), current.app, failure_kind(current)))
-                self._prune(current.node)
+                failure = Failure(self.monotonic(), current.app, current.node, failure_kind(current))
+                self._failures.setdefault(current.node, collections.deque()).append(failure)
+                self._by_app.setdefault(current.app, collections.deque()).append(failure)
+                self.version += 1
+                self._prune(self._failures, current.node)
+                self._prune(self._by_app, current.app)
+                if self.version % 256 == 0:  # now and then, forget the nodes and apps nobody asks about
+                    for index in (self._failures, self._by_app):
+                        for key in list(index):
+                            self._prune(index, key)
 
     def _count(self, record: PodRecord | None, delta: int) -> None:
         if not _live(record):
@@ -148,25 +158,32 @@ class Placement:
 
     # --- reading -----------------------------------------------------------------------------------------
 
-    def _prune(self, node: str) -> None:
+    def _prune(self, index: dict[Any, collections.deque[Failure]], key: Any) -> None:
         horizon = self.monotonic() - self.retention
-        failures = self._failures.get(node)
+        failures = index.get(key)
         while failures and failures[0].at < horizon:
             failures.popleft()
         if failures is not None and not failures:
-            del self._failures[node]
+            del index[key]
 
     def failures(self, window: float) -> dict[str, list[Failure]]:
         """The failures seen within the last `window` seconds, by node (only nodes that have some)."""
         since = self.monotonic() - window
         with self._lock:
             for node in list(self._failures):
-                self._prune(node)
+                self._prune(self._failures, node)
             return {
                 node: [f for f in failures if f.at >= since]
                 for node, failures in self._failures.items()
                 if failures[-1].at >= since
             }
+
+    def app_failures(self, app: AppKey, window: float) -> list[Failure]:
+        """The app's failures seen within the last `window` seconds, oldest first."""
+        since = self.monotonic() - window
+        with self._lock:
+            self._prune(self._by_app, app)
+            return [f for f in self._by_app.get(app, ()) if f.at >= since]
 
     def executors(self, app: AppKey) -> Mapping[str, int]:
         """The app's live executors by node (a copy)."""

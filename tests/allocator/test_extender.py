@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from allocator.extender import Extender, exclusions, filter_nodes, parse_args, scores
+from allocator.extender import Extender, exclusions, filter_nodes, parse_args, scores, suspect_nodes
 from allocator.metrics import AllocatorMetrics
 from allocator.model import PodRecord
 from allocator.placement import Placement
@@ -76,6 +76,17 @@ def args(app: AppKey | None, names: list[str], profile: str = "spark") -> bytes:
     return json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
 
 
+def answer(extender: Extender, verb: str, body: bytes) -> tuple[int, Any]:
+    code, document = extender.handle(verb, body)
+    return code, json.loads(document)
+
+
+def refusing(placement: Placement, app: AppKey, settings: Scheduling, now: float) -> dict[str, Any]:
+    """exclusions() as the extender composes them: the app's own failures, then the suspect nodes."""
+    suspect, _ = suspect_nodes(placement.failures(600), settings, now)
+    return exclusions(placement.app_failures(app, 600), app, settings, suspect, now)
+
+
 @pytest.fixture
 def clock() -> Clock:
     return Clock()
@@ -121,15 +132,15 @@ def test_a_node_is_refused_to_the_app_at_n_failures_and_to_every_app_at_m_apps(c
     placement = Placement(monotonic=clock)
     fail(placement, A, "a1", "n1", reason="OOMKilled", exit_code=137)
     settings = Scheduling(failures_per_app=2, suspect_node_apps=2, failure_window_seconds=600)
-    assert exclusions(placement.failures(600), A, settings, settings, clock.now) == {}
+    assert refusing(placement, A, settings, clock.now) == {}
     fail(placement, A, "a2", "n1", exit_code=137)
-    refused = exclusions(placement.failures(600), A, settings, settings, clock.now)
+    refused = refusing(placement, A, settings, clock.now)
     assert refused["n1"].scope == "app" and refused["n1"].message == (
         "sparkgate: 2 executors of spark/spark-aaaaaa… failed here in the last 10m (OOMKilled, exit 137)"
     )
-    assert exclusions(placement.failures(600), B, settings, settings, clock.now) == {}
+    assert refusing(placement, B, settings, clock.now) == {}
     fail(placement, B, "b1", "n1", reason="OOMKilled", exit_code=137)
-    refused = exclusions(placement.failures(600), C, settings, settings, clock.now)
+    refused = refusing(placement, C, settings, clock.now)
     assert refused["n1"].scope == "node" and refused["n1"].reason == "oom_killed"
     assert refused["n1"].message == (
         "sparkgate: executors of 2 apps failed here in the last 10m (suspect node: OOMKilled \u00d72, exit 137)"
@@ -140,12 +151,12 @@ def test_filter_never_refuses_every_node_of_the_cluster(placement: Placement, cl
     settings = Scheduling(failures_per_app=1)
     for i, node in enumerate(("n1", "n2", "n3")):
         fail(placement, A, f"a{i}", node)
-    refused = exclusions(placement.failures(600), A, settings, settings, clock.now)
+    refused = refusing(placement, A, settings, clock.now)
     cluster = placement.nodes()
     kept, failed, fell_back = filter_nodes(["n1", "n2"], refused, cluster)
     assert kept == [] and set(failed) == {"n1", "n2"} and not fell_back, "n4 is good: wait for room there"
     fail(placement, A, "a4", "n4")
-    refused = exclusions(placement.failures(600), A, settings, settings, clock.now)
+    refused = refusing(placement, A, settings, clock.now)
     assert filter_nodes(["n1", "n2"], refused, cluster) == (["n1", "n2"], {}, True)
 
 
@@ -179,7 +190,7 @@ def test_the_protocol_answers_filter_and_prioritize(extender: Extender, placemen
             "spec": {"nodeName": "n2"},
         },
     )
-    code, result = extender.handle("filter", args(A, ["n1", "n2", "n3"]))
+    code, result = answer(extender, "filter", args(A, ["n1", "n2", "n3"]))
     message = "sparkgate: 2 executors of spark/spark-aaaaaa… failed here in the last 1m (OOMKilled \u00d72)"
     assert code == 200 and result == {
         "NodeNames": ["n2", "n3"],
@@ -187,16 +198,16 @@ def test_the_protocol_answers_filter_and_prioritize(extender: Extender, placemen
         "FailedAndUnresolvableNodes": {"n1": message},
         "Error": "",
     }
-    code, result = extender.handle("prioritize", args(A, ["n2", "n3"]))
+    code, result = answer(extender, "prioritize", args(A, ["n2", "n3"]))
     assert code == 200 and result == [{"Host": "n2", "Score": 10}, {"Host": "n3", "Score": 0}]
-    code, result = extender.handle("filter", args(A, ["n1", "n2"], profile="wide"))
+    code, result = answer(extender, "filter", args(A, ["n1", "n2"], profile="wide"))
     assert result["NodeNames"] == ["n1", "n2"], "the profile allows 5 failures"
     assert extender.app_document(A, "spark")[0]["node"] == "n1"
 
 
 def test_a_pod_that_is_not_an_executor_keeps_every_node_with_a_neutral_score(extender: Extender) -> None:
-    assert extender.handle("filter", args(None, ["n1", "n2"]))[1]["NodeNames"] == ["n1", "n2"]
-    assert extender.handle("prioritize", args(None, ["n1"]))[1] == [{"Host": "n1", "Score": 0}]
+    assert answer(extender, "filter", args(None, ["n1", "n2"]))[1]["NodeNames"] == ["n1", "n2"]
+    assert answer(extender, "prioritize", args(None, ["n1"]))[1] == [{"Host": "n1", "Score": 0}]
     assert extender.metrics.extender_requests.labels("filter", "not_executor")._value.get() == 1
 
 
@@ -207,7 +218,7 @@ def test_node_objects_in_are_node_objects_out_and_field_names_match_case_insensi
     fail(placement, A, "a2", "n1")
     pod = json.loads(args(A, []))["Pod"]
     nodes = {"items": [{"metadata": {"name": "n1"}}, {"metadata": {"name": "n2"}}]}
-    code, result = extender.handle("filter", json.dumps({"pod": pod, "nodes": nodes}).encode())
+    code, result = answer(extender, "filter", json.dumps({"pod": pod, "nodes": nodes}).encode())
     assert code == 200 and result["NodeNames"] is None
     assert result["Nodes"]["items"] == [{"metadata": {"name": "n2"}}]
 
@@ -225,7 +236,7 @@ def test_node_objects_in_are_node_objects_out_and_field_names_match_case_insensi
 def test_a_malformed_request_is_a_400_saying_what_is_wrong(
     extender: Extender, body: bytes, error: str
 ) -> None:
-    code, result = extender.handle("filter", body)
+    code, result = answer(extender, "filter", body)
     assert code == 400 and error in result["Error"]
     with pytest.raises(ValueError, match=re.escape(error)):
         parse_args(body)
