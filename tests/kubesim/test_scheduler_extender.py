@@ -199,3 +199,16 @@ def test_kubelets_fail_pods_on_a_bad_node(cluster: Cluster) -> None:
     cluster.kubelet.heal("node-1")
     cluster.store.create("pods", pod("fine", scheduler="default-scheduler", node="node-1"))
     cluster.wait_for(lambda: cluster.store.get("pods", "default", "fine")["status"].get("phase") == "Running")
+
+
+def test_an_extender_is_configured_as_kube_scheduler_reads_its_configuration() -> None:
+    """KubeSchedulerConfiguration v1 `extenders[]`: weight defaults to 1, httpTimeout to 5s (a
+    metav1.Duration), nodeCacheCapable and ignorable to false, a missing verb to none."""
+    extender = Extender.from_config(
+        {"urlPrefix": "http://x/s", "filterVerb": "filter", "httpTimeout": "1m30s"}
+    )
+    assert extender == Extender("http://x/s", "filter", "", 1, False, False, 90.0)
+    assert Extender.from_config({"urlPrefix": "u"}, "http://local").http_timeout == 5.0
+    assert Extender.from_config({"urlPrefix": "u", "httpTimeout": "500ms"}).http_timeout == 0.5
+    with pytest.raises(ValueError, match="not a duration"):
+        Extender.from_config({"urlPrefix": "u", "httpTimeout": "5 seconds"})
