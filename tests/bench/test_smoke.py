@@ -139,3 +139,5 @@ def test_extender(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
         for verb in ("filter", "prioritize"):
             figures = document[key][verb]
             assert figures["count"] == config["requests"] and 0 < figures["p50"] <= figures["p99"]
+            assert figures["p99_range"] == [figures["p99"], figures["p99"]]
+    assert len(document["rounds"]) == config["rounds"] == 1
