@@ -288,13 +288,11 @@ class Extender:
         hosts = self._hosts
         if len(hosts) > 100_000:  # names come from requests: keep the cache bounded
             hosts.clear()
-        items = []
-        for name, score in scored:
-            prefix = hosts.get(name)
-            if prefix is None:
-                prefix = hosts[name] = '{"Host":' + encode_basestring(name) + ',"Score":'
-            items.append(prefix + _SCORES[score])
-        return ("[" + ",".join(items) + "]").encode()
+        scored = list(scored)
+        for name, _ in scored:
+            if name not in hosts:
+                hosts[name] = '{"Host":' + encode_basestring(name) + ',"Score":'
+        return ("[" + ",".join([hosts[n] + _SCORES[s] for n, s in scored]) + "]").encode()
 
     def suspect(self, policy: Policy) -> dict[str, Exclusion]:
         cluster = policy.scheduling
