@@ -92,13 +92,17 @@ def driver_record(obj: Obj) -> DriverRecord | None:
 
 
 Gone_ = Callable[[PodRecord, bool], None]  # (the pod's last record, removed from the cluster?)
+PodObserver = Callable[[PodRecord | None, PodRecord | None], None]  # (previous, current; None: gone)
 
 
 class Cache:
     """Thread-safe. Reflectors call the `*_event`/`*_replace` methods; the loop calls `snapshot()`."""
 
-    def __init__(self, on_change: Callable[[set[AppKey]], None], on_gone: Gone_) -> None:
+    def __init__(
+        self, on_change: Callable[[set[AppKey]], None], on_gone: Gone_, on_pod: PodObserver | None = None
+    ) -> None:
         self._lock = threading.Lock()
+        self._on_pod = on_pod
         self._on_change = on_change
         self._on_gone = on_gone
         self._pods: dict[AppKey, dict[str, PodRecord]] = {}
@@ -125,6 +129,8 @@ class Cache:
         pods = self._pods.setdefault(record.app, {})
         previous = pods.get(record.name)
         self._invalidate(record.app)
+        if self._on_pod is not None:  # the extender's placement index (allocator/placement.py)
+            self._on_pod(previous, None if kind == "DELETED" else record)
         if kind == "DELETED":
             pods.pop(record.name, None)
             if not pods:

@@ -142,6 +142,7 @@ def run_status(args: argparse.Namespace) -> int:
         "limits",
         "waiting for",
         "deletions",
+        "refused nodes",
     ):
         table.add_column(column)
     for app in document["apps"]:
@@ -157,6 +158,9 @@ def run_status(args: argparse.Namespace) -> int:
             f"batch {limits.get('batchSize', '-')}, max {limits.get('maxPendingPerApp', '-')}",
             app.get("waitingFor") or "",
             ", ".join(f"{k}={v}" for k, v in app.get("deletions", {}).items()),
+            "\n".join(
+                e["message"].replace("sparkgate: ", f"{e['node']}: ") for e in app.get("excludedNodes", [])
+            ),
         )
     cluster = document.get("cluster", {})
     console = Console()

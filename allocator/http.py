@@ -1,4 +1,5 @@
-"""The allocator's HTTP endpoints: /healthz, /readyz (cache synced), /metrics, /apps, /apps/<ns>/<app id>.
+"""The allocator's HTTP endpoints: /healthz, /readyz (cache synced), /metrics, /apps, /apps/<ns>/<app id>,
+and POST /scheduler/filter and /scheduler/prioritize (the scheduler extender, allocator/extender.py).
 
 A small threaded stdlib server: a handful of requests per scrape, no need for gunicorn in this process.
 """
@@ -15,6 +16,9 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from sparkgate.contract import AppKey
+
+from .extender import VERBS, Extender
 from .loop import Controller
 
 
@@ -32,12 +36,19 @@ class StatusServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive: kube-scheduler reuses its extender connections
+            disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK stall
+
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
             def do_GET(self) -> None:
                 server.handle(self)
 
+            def do_POST(self) -> None:
+                server.handle_post(self)
+
+        self.extender = Extender(controller.placement, controller.policy, controller.metrics)
         self.stall_after = stall_after
         self.monotonic = monotonic
         self._http = ThreadingHTTPServer((host, port), Handler)
@@ -74,7 +85,11 @@ class StatusServer:
         elif path == "/metrics":
             _send(request, 200, CONTENT_TYPE_LATEST, generate_latest(c.metrics.registry))
         elif path == "/apps":
-            _send(request, 200, "application/json", json.dumps(c.apps()).encode())
+            apps = c.apps()
+            for app in apps["apps"]:
+                key = AppKey(app["namespace"], app["appId"])
+                app["excludedNodes"] = self.extender.app_document(key, app.get("profile"))
+            _send(request, 200, "application/json", json.dumps(apps).encode())
         elif path.startswith("/apps/") and path.count("/") == 3:
             _, _, namespace, app_id = path.split("/")
             document = c.app(urllib.parse.unquote(namespace), urllib.parse.unquote(app_id))
@@ -86,9 +101,22 @@ class StatusServer:
                     json.dumps({"error": f"no app {namespace}/{app_id}"}).encode(),
                 )
             else:
+                key = AppKey(document["namespace"], document["appId"])
+                document["excludedNodes"] = self.extender.app_document(key, document.get("profile"))
                 _send(request, 200, "application/json", json.dumps(document).encode())
         else:
             _send(request, 404, "text/plain", b"not found: try /apps, /metrics, /healthz, /readyz\n")
+
+    def handle_post(self, request: BaseHTTPRequestHandler) -> None:
+        path = urllib.parse.urlsplit(request.path).path.rstrip("/")
+        verb = path.removeprefix("/scheduler/")
+        length = int(request.headers.get("Content-Length") or 0)
+        body = request.rfile.read(length) if length > 0 else b""
+        if not path.startswith("/scheduler/") or verb not in VERBS:
+            _send(request, 404, "text/plain", b"not found: POST /scheduler/filter or /scheduler/prioritize\n")
+            return
+        code, answer = self.extender.handle(verb, body)
+        _send(request, code, "application/json", answer)
 
 
 def _send(request: BaseHTTPRequestHandler, code: int, content_type: str, body: bytes) -> None:

@@ -34,6 +34,8 @@ from .deletions import History, classify
 from .leader import LeaderElector
 from .metrics import AllocatorMetrics
 from .model import Action, AppMemory, AppView, DeletePod, PodRecord, Release, Snapshot
+from .nodes import placement_reflectors
+from .placement import Placement
 from .status import app_document, apps_document, executor_counts
 
 log = logging.getLogger(__name__)
@@ -127,7 +129,8 @@ class Controller:
         self._gone: list[tuple[PodRecord, bool, float]] = []
         self._released_at: dict[str, float] = {}  # uid -> release time, until bound (release-to-bind metric)
         self._unseen: dict[str, float] = {}  # uid -> release time, until the watch shows the gate gone
-        self.cache = Cache(self._on_change, self._on_gone)
+        self.placement = Placement(monotonic=monotonic)  # what the scheduler extender answers from
+        self.cache = Cache(self._on_change, self._on_gone, self.placement.observe)
         self.memory: dict[AppKey, AppMemory] = {}
         self.histories: dict[AppKey, History] = {}
         self._history_dirty: set[AppKey] = set()
@@ -198,6 +201,7 @@ class Controller:
                 lambda items: self.cache.config_maps_replace(items, source=True),
                 **common,
             ),
+            *placement_reflectors(kube, self.placement, **common),
         ]
 
     # --- inputs ----------------------------------------------------------------------------------------

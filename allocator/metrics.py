@@ -13,6 +13,21 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from sparkgate.contract import AppKey
 
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+EXTENDER_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.00075,
+    0.001,
+    0.0015,
+    0.002,
+    0.003,
+    0.005,
+    0.01,
+    0.025,
+    0.1,
+    0.5,
+)
 FAST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -121,6 +136,40 @@ class AllocatorMetrics:
             registry=r,
         )
         # --- end policy probe ---
+        # --- the scheduler extender (allocator/extender.py) ---
+        self.extender_requests = Counter(
+            "sparkgate_allocator_extender_requests",
+            "Scheduler extender requests by verb (filter, prioritize) and outcome (ok, fallback, "
+            "not_executor, no_policy, bad_request).",
+            ["verb", "outcome"],
+            registry=r,
+        )
+        self.extender_seconds = Histogram(
+            "sparkgate_allocator_extender_duration_seconds",
+            "Time to answer a scheduler extender request, by verb (parsing included).",
+            ["verb"],
+            buckets=EXTENDER_BUCKETS,
+            registry=r,
+        )
+        self.extender_excluded = Counter(
+            "sparkgate_allocator_extender_excluded_nodes",
+            "Nodes refused to an executor pod by the extender's filter, by scope (app, node: a suspect "
+            "node) and reason (the most frequent failure: oom_killed, evicted, exit_code, rejected).",
+            ["scope", "reason"],
+            registry=r,
+        )
+        self.extender_fallbacks = Counter(
+            "sparkgate_allocator_extender_fallbacks",
+            "Filter answers that kept every node because every node would have been refused.",
+            registry=r,
+        )
+        for verb in ("filter", "prioritize"):
+            for outcome in ("ok", "not_executor", "no_policy", "bad_request"):
+                self.extender_requests.labels(verb, outcome)
+        self.extender_requests.labels("filter", "fallback")
+        for scope in ("app", "node"):
+            for reason in ("oom_killed", "evicted", "exit_code", "rejected"):
+                self.extender_excluded.labels(scope, reason)
         self._app_series: set[AppKey] = set()
         # Series whose label values are known in advance exist from the start at 0: increase() and rate()
         # cannot see a counter's first increments when its series appears with them.

@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from . import admission, common, refill, scale, value
+from . import admission, common, extender, refill, scale, value
 from .common import Benchmark, Row
 
 BENCHMARKS: dict[str, Benchmark] = {
@@ -15,6 +15,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "scale": scale,
     "refill": refill,
     "value": value,
+    "extender": extender,
 }
 
 

@@ -2,7 +2,9 @@
 
 A pod bound to a node becomes Running (containers running, Ready) `start_delay` seconds later. Tests and
 the demo end pods with `fail` (an exit code), `oom_kill` (exit 137, reason OOMKilled), `evict` (phase
-Failed, reason Evicted, as the kubelet's eviction manager reports it) or `succeed`. A pod with a
+Failed, reason Evicted, as the kubelet's eviction manager reports it) or `succeed`. `fail_on(node, ...)`
+makes a node bad: every matching pod that starts there runs, then fails `start_delay` later (OOMKilled
+with exit 137 by default), until `heal(node)`. A pod with a
 deletionTimestamp on a node is removed after `terminate_delay` (capped by its grace period), as the
 kubelet does once its containers stopped.
 """
@@ -40,6 +42,9 @@ class Kubelets:
         self._scheduled: set[tuple[str, Key]] = set()
         self._cond = threading.Condition()
         self._stop = False
+        self._bad_nodes: dict[
+            str, tuple[int, str, dict[str, str]]
+        ] = {}  # node -> (exit code, reason, labels)
         self._thread = threading.Thread(target=self._run, name="kubesim-kubelets", daemon=True)
         self._unsubscribe: Callable[[], None] | None = None
 
@@ -58,6 +63,20 @@ class Kubelets:
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
+
+    def fail_on(
+        self,
+        node: str,
+        *,
+        exit_code: int = 137,
+        reason: str = "OOMKilled",
+        labels: dict[str, str] | None = None,
+    ) -> None:
+        """Fail every pod with these labels (default: Spark executors) that starts on `node` from now on."""
+        self._bad_nodes[node] = (exit_code, reason, {"spark-role": "executor"} if labels is None else labels)
+
+    def heal(self, node: str) -> None:
+        self._bad_nodes.pop(node, None)
 
     def _later(self, delay: float, action: str, key: Key) -> None:
         with self._cond:
@@ -93,6 +112,8 @@ class Kubelets:
             try:
                 if action == "start":
                     self._start(key)
+                elif action == "crash":
+                    self._crash(key)
                 else:
                     self.store.delete("pods", key[0], key[1], grace_period_seconds=0)
             except ApiError:
@@ -139,6 +160,20 @@ class Kubelets:
             status["conditions"] = conditions
 
         self._set_status(key, running)
+        bad = self._bad_nodes.get((pod.get("spec") or {}).get("nodeName", ""))
+        labels = pod["metadata"].get("labels") or {}
+        if bad is not None and all(labels.get(k) == v for k, v in bad[2].items()):
+            self._later(self.start_delay, "crash", key)
+
+    def _crash(self, key: Key) -> None:
+        pod = self.store.get("pods", key[0], key[1])
+        bad = self._bad_nodes.get((pod.get("spec") or {}).get("nodeName", ""))
+        if bad is None or (pod.get("status") or {}).get("phase") != "Running":
+            return
+        if bad[1] == "Evicted":
+            self.evict(key[0], key[1])
+        else:
+            self.fail(key[0], key[1], bad[0], bad[1])
 
     def _terminate(
         self, namespace: str, name: str, phase: str, exit_code: int, reason: str, message: str = ""

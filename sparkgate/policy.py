@@ -97,6 +97,7 @@ class Profile:
     annotations: Mapping[str, str]
     config_maps: tuple[ConfigMapMount, ...]
     allocation: AllocationOverride
+    scheduling: SchedulingOverride = field(default_factory=lambda: SchedulingOverride())
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ class Policy:
     excluded_namespaces: tuple[str, ...]
     profiles: tuple[Profile, ...]
     digest: str
+    scheduling: Scheduling = field(default_factory=lambda: Scheduling())
 
     def is_excluded(self, namespace: str) -> bool:
         return any(fnmatch.fnmatchcase(namespace, g) for g in self.excluded_namespaces)
@@ -134,6 +136,11 @@ class Policy:
 
     def profile_named(self, name: str) -> Profile | None:
         return next((p for p in self.profiles if p.name == name), None)
+
+    def scheduling_for(self, profile: str | None) -> Scheduling:
+        """The extender's settings for an executor of this profile (by name): defaults, then the profile."""
+        found = self.profile_named(profile) if profile else None
+        return self.scheduling if found is None else self.scheduling.with_override(found.scheduling)
 
     def allocation_for(
         self, profile: Profile | None, annotations: Mapping[str, str]
@@ -294,6 +301,7 @@ _PROFILE_KEYS = {
     "annotations",
     "configMaps",
     "allocation",
+    "scheduling",
 }
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -321,7 +329,7 @@ def load_policy(text: str, install_namespace: str = contract.INSTALL_NAMESPACE) 
     r = _Reader()
     top = r.mapping(
         document,
-        {"apiVersion", "kind", "allocation", "caps", "excludedNamespaces", "profiles"},
+        {"apiVersion", "kind", "allocation", "caps", "excludedNamespaces", "profiles", "scheduling"},
         required=frozenset({"apiVersion", "kind"}),
     )
     if top.get("apiVersion", API_VERSION) != API_VERSION:
@@ -349,6 +357,9 @@ def load_policy(text: str, install_namespace: str = contract.INSTALL_NAMESPACE) 
     _check_within_caps(r, "allocation", allocation.batch_size, allocation.max_pending_per_app, caps)
 
     excluded = r.child(top, "excludedNamespaces", r.strings, ())
+    scheduling = Scheduling().with_override(
+        r.child(top, "scheduling", lambda v: _read_scheduling(r, v, True), None)
+    )
     profiles: list[Profile] = []
     raw_profiles = top.get("profiles", [])
     with r.at("profiles"):
@@ -373,6 +384,7 @@ def load_policy(text: str, install_namespace: str = contract.INSTALL_NAMESPACE) 
         excluded_namespaces=tuple(dict.fromkeys((*ALWAYS_EXCLUDED, install_namespace, *excluded))),
         profiles=tuple(profiles),
         digest=hashlib.sha256(text.encode()).hexdigest()[:12],
+        scheduling=scheduling,
     )
 
 
@@ -440,6 +452,7 @@ def _read_profile(r: _Reader, raw: object, caps: Caps) -> Profile | None:
                 max_pending_per_app=_opt_int(numbers.get("maxPendingPerApp")),
             )
             _check_within_caps(r, r.here, allocation.batch_size, allocation.max_pending_per_app, caps)
+    scheduling = r.child(p, "scheduling", lambda v: _read_scheduling(r, v, False), SchedulingOverride())
     if len(r.errors) > errors_before or name is None:
         return None
     return Profile(
@@ -451,6 +464,7 @@ def _read_profile(r: _Reader, raw: object, caps: Caps) -> Profile | None:
         annotations=annotations,
         config_maps=config_maps,
         allocation=allocation,
+        scheduling=scheduling,
     )
 
 
@@ -617,3 +631,80 @@ def _read_config_maps(r: _Reader, value: object) -> tuple[ConfigMapMount, ...]:
             if source is not None and mount_path is not None:
                 out.append(ConfigMapMount(source=source, mount_path=mount_path))
     return tuple(out)
+
+
+# --- scheduling: the scheduler extender's settings (docs/policy.md "Scheduling") -----------------------
+
+PACKING = ("none", "app", "spread")
+DRIVER_ZONE = ("ignore", "prefer")
+MAX_FAILURE_WINDOW_SECONDS = 86_400.0
+
+
+@dataclass(frozen=True)
+class SchedulingOverride:
+    """A profile's changes to the scheduling defaults (or, top level, to the built-in ones); None keeps them."""
+
+    failures_per_app: int | None = None
+    suspect_node_apps: int | None = None  # top level only: a suspect node is one for every app
+    failure_window_seconds: float | None = None
+    packing: str | None = None
+    driver_zone: str | None = None
+    scheduler_name: str | None = None  # profiles only: the webhook sets it as the executors' schedulerName
+
+
+@dataclass(frozen=True)
+class Scheduling:
+    """What the extender does for an app's executors.
+
+    A node where `failures_per_app` executors of the app failed within the window is filtered out for
+    that app; one where executors of `suspect_node_apps` different apps failed, for every app."""
+
+    failures_per_app: int = 3
+    suspect_node_apps: int = 3
+    failure_window_seconds: float = 600.0
+    packing: str = "none"  # "app": fewest nodes per app; "spread": as many as possible
+    driver_zone: str = "ignore"  # "prefer": nodes in the driver's zone first
+    scheduler_name: str | None = None
+
+    def with_override(self, o: SchedulingOverride | None) -> Scheduling:
+        if o is None:
+            return self
+        changes = {k: v for k, v in vars(o).items() if v is not None}
+        return replace(self, **changes)
+
+
+def _read_scheduling(r: _Reader, value: object, top: bool) -> SchedulingOverride:
+    keys = {"failuresPerApp", "failureWindowSeconds", "packing", "driverZone"}
+    keys |= {"suspectNodeApps"} if top else {"schedulerName"}
+    m = r.mapping(value, keys)
+
+    def window(v: object) -> float | None:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 1 <= v <= MAX_FAILURE_WINDOW_SECONDS:
+            r.error(f"expected seconds between 1 and {MAX_FAILURE_WINDOW_SECONDS:g}, got {v!r}")
+            return None
+        return float(v)
+
+    def choice(options: tuple[str, ...]) -> Callable[[object], str | None]:
+        def read(v: object) -> str | None:
+            if v not in options:
+                r.error(f"expected one of {', '.join(options)}, got {v!r}")
+                return None
+            return str(v)
+
+        return read
+
+    def scheduler_name(v: object) -> str | None:
+        text = r.string(v)
+        if text is not None and not (_SUBDOMAIN.match(text) and len(text) <= 253):
+            r.error(f"{text!r} is not a valid scheduler name (a DNS subdomain)")
+            return None
+        return text
+
+    return SchedulingOverride(
+        failures_per_app=r.child(m, "failuresPerApp", r.integer(1, 1000)),
+        suspect_node_apps=r.child(m, "suspectNodeApps", r.integer(1, 1000)),
+        failure_window_seconds=r.child(m, "failureWindowSeconds", window),
+        packing=r.child(m, "packing", choice(PACKING)),
+        driver_zone=r.child(m, "driverZone", choice(DRIVER_ZONE)),
+        scheduler_name=r.child(m, "schedulerName", scheduler_name),
+    )

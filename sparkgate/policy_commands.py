@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from sparkgate import contract
-from sparkgate.policy import Policy, PolicyError, load_policy
+from sparkgate.policy import Policy, PolicyError, Scheduling, SchedulingOverride, load_policy
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -65,6 +65,7 @@ def _check(args: argparse.Namespace) -> int:
         f"maxPendingPerApp {policy.caps.max_pending_per_app}"
     )
     print(f"  excluded namespaces: {', '.join(policy.excluded_namespaces)}")
+    print(f"  scheduling: {_scheduling(policy.scheduling)}")
     for i, p in enumerate(policy.profiles):
         where = ", ".join(p.match.namespaces) or "any namespace"
         labels = ", ".join(f"{k}={v}" for k, v in p.match.labels.items())
@@ -73,6 +74,8 @@ def _check(args: argparse.Namespace) -> int:
             print("    config maps: " + ", ".join(f"{c.source} -> {c.mount_path}" for c in p.config_maps))
         if p.overrides:
             print("    admin wins on: " + ", ".join(".".join(o) for o in p.overrides))
+        if p.scheduling != SchedulingOverride():
+            print(f"    scheduling: {_scheduling(policy.scheduling_for(p.name))}")
     return _check_cluster(args, policy) if args.cluster else 0
 
 
@@ -108,3 +111,13 @@ def _check_cluster(args: argparse.Namespace, policy: Policy) -> int:
         print(f"{refused} of {len(pairs)} refused or not checked", file=sys.stderr)
         return 1
     return 0
+
+
+def _scheduling(s: Scheduling) -> str:
+    """The scheduler extender's settings in force (docs/policy.md "Scheduling")."""
+    text = (
+        f"a node is refused to an app after {s.failures_per_app} of its executors failed there, to every app "
+        f"after executors of {s.suspect_node_apps} apps did, within {s.failure_window_seconds:g}s; "
+        f"packing {s.packing}, driverZone {s.driver_zone}"
+    )
+    return text + (f"; schedulerName {s.scheduler_name}" if s.scheduler_name else "")

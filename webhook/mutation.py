@@ -26,6 +26,8 @@ from .derived import drop_stale
 from .merge import Path, merge
 from .patch import Operation, diff
 
+DEFAULT_SCHEDULER = "default-scheduler"  # what the API server sets when a pod names no scheduler
+
 
 class Outcome(StrEnum):
     MUTATED = "mutated"  # an executor pod that got a patch
@@ -96,6 +98,7 @@ def desired_pod(pod: dict[str, Any], profile: Profile | None) -> dict[str, Any]:
         spec = merge(spec, template.get("spec") or {}, overrides, ("spec",))
         spec = drop_stale(pod.get("spec") or {}, spec)
         spec = _mount_config_maps(spec, app_id, profile)
+        spec = _scheduler_name(spec, profile)
     for key in contract.SPARK_LABELS:
         if key in (pod.get("metadata") or {}).get("labels", {}):
             labels[key] = pod["metadata"]["labels"][key]
@@ -139,6 +142,15 @@ def _mount_config_maps(spec: dict[str, Any], app_id: str, profile: Profile) -> d
     container["volumeMounts"] = mounts
     containers[index] = container
     return {**spec, "volumes": volumes, "containers": containers}
+
+
+def _scheduler_name(spec: dict[str, Any], profile: Profile) -> dict[str, Any]:
+    """The profile's `scheduling.schedulerName` (the kube-scheduler profile that calls sparkgate's extender),
+    unless the pod already asks for a scheduler of its own (Spark's spark.kubernetes.scheduler.name)."""
+    name = profile.scheduling.scheduler_name
+    if name is None or spec.get("schedulerName") not in (None, "", DEFAULT_SCHEDULER):
+        return spec
+    return {**spec, "schedulerName": name}
 
 
 def validate_update(request: dict[str, Any], allocator_users: frozenset[str]) -> tuple[bool, str]:

@@ -2,7 +2,7 @@
 
 Benchmarks are not tests: nothing here checks a timing, only that each run completes, writes its result
 document with the keys docs/performance.md reports, and that the figures are sane (positive rates, counts that
-add up, latencies that are finite). The four runs are started together (they are independent processes on
+add up, latencies that are finite). The runs are started together (they are independent processes on
 loopback ports of their own) and awaited, to keep the whole file well under a minute.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-BENCHMARKS = ("admission", "scale", "refill", "value")
+BENCHMARKS = ("admission", "scale", "refill", "value", "extender")
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +129,15 @@ def test_value(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
     assert comparison["api_requests"]["total_with"] > 0 and comparison["api_requests"]["total_without"] > 0
     assert comparison["scheduling_attempts"]["with"] < comparison["scheduling_attempts"]["without"]
     assert set(comparison["completion_after_submission_s"]["with"]) == {"a", "b", "c"}
+
+
+def test_extender(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
+    document = finished(results, "extender")
+    config = document["config"]
+    assert config["apps_with_refused_nodes"] > 0 and config["most_refused_nodes"] > 0  # filter has work
+    for key in ("in_process_ms", "in_process_cpu_ms", "http_ms"):
+        for verb in ("filter", "prioritize"):
+            figures = document[key][verb]
+            assert figures["count"] == config["requests"] and 0 < figures["p50"] <= figures["p99"]
+            assert figures["p99_range"] == [figures["p99"], figures["p99"]]
+    assert len(document["rounds"]) == config["rounds"] == 1

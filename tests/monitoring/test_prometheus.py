@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
+from kubesim.scheduler import Extender
 from kubesim.sparkdriver import SparkDriver
 from sandbox.local_webhook import free_port
 from sandbox.localsystem import LocalSystem
@@ -275,6 +276,10 @@ def run(tmp_path_factory: pytest.TempPathFactory, prometheus_rule: dict[str, Any
         prometheus = Prometheus(workdir, scrape, short_for_copy(prometheus_rule, workdir / "rules.yml"))
         resources.append(prometheus)
         cluster = system.cluster
+        # kube-scheduler calls sparkgate's extender for every pod (the extender panels).
+        cluster.scheduler.add_profile(
+            "default-scheduler", [Extender(f"{system.allocator.url}/scheduler", weight=5, ignorable=True)]
+        )
         drivers = {
             name: cluster.spark_driver(namespace, name, executors=n, batch_size=10, batch_delay=0.2, cpu="1")
             for namespace, name, n in (

@@ -378,3 +378,13 @@ def test_other_updates_are_allowed_untouched() -> None:
     with_other = executor(schedulingGates=[{"name": "x/other"}, {"name": contract.GATE}])
     assert validate_update(update(with_other, other_gate_removed, "someone"), users)[0]
     assert validate_update({**update(gated, executor(), "x"), "operation": "CREATE"}, users)[0]
+
+
+def test_the_profile_sends_executors_to_its_scheduler_unless_they_chose_one() -> None:
+    """`scheduling.schedulerName` replaces the API server's default-scheduler (or none), never a scheduler
+    the pod asked for itself (Spark's spark.kubernetes.scheduler.name, e.g. volcano)."""
+    pol = policy("    scheduling: {schedulerName: sparkgate}")
+    assert admitted(executor(schedulerName="default-scheduler"), pol)["spec"]["schedulerName"] == "sparkgate"
+    assert admitted(executor(), pol)["spec"]["schedulerName"] == "sparkgate"
+    assert admitted(executor(schedulerName="volcano"), pol)["spec"]["schedulerName"] == "volcano"
+    assert "schedulerName" not in admitted(executor(), policy())["spec"]

@@ -1,0 +1,48 @@
+"""The watches that feed the scheduler extender's placement index beyond executor pods: nodes (their zone)
+and Spark driver pods (their node and zone). They reuse the cache's Reflector (list, then watch, resume,
+relist on 410, back off); executor pods come from the cache itself, which reports every change."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from sparkgate import contract
+from sparkgate.kube import Kube
+
+from .cache import Reflector
+from .placement import Placement
+
+
+def placement_reflectors(
+    kube: Kube,
+    placement: Placement,
+    *,
+    stop: threading.Event,
+    on_restart: Callable[[str, str], None] | None = None,
+    timeout_seconds: int = 240,
+) -> list[Reflector]:
+    return [
+        Reflector(
+            kube,
+            "nodes",
+            "/api/v1/nodes",
+            None,
+            placement.node_event,
+            placement.nodes_replace,
+            stop=stop,
+            on_restart=on_restart,
+            timeout_seconds=timeout_seconds,
+        ),
+        Reflector(
+            kube,
+            "driver-zones",
+            "/api/v1/pods",
+            f"{contract.LABEL_ROLE}={contract.ROLE_DRIVER}",
+            placement.driver_event,
+            placement.drivers_replace,
+            stop=stop,
+            on_restart=on_restart,
+            timeout_seconds=timeout_seconds,
+        ),
+    ]

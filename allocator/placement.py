@@ -1,0 +1,205 @@
+"""What the scheduler extender knows about placement: executor failures per node and app, live executors per
+node and app, each node's zone and each driver's zone. Kept up to date from the allocator's watches, read by
+allocator/extender.py on every filter and prioritize request without any API call.
+
+The cache reports each executor pod change as (previous record, new record); a pod that reaches phase Failed
+on a node counts once as a failure there (OOMKilled, Evicted, a kubelet rejection or a non-zero exit: what
+Spark's own excludeOnFailure counts, but kept across apps and app restarts). Failures are kept with the time
+they were seen (an injected monotonic clock) and forgotten once older than the longest window in force.
+Thread-safe: the reflectors write, the HTTP threads read, one lock guards it all.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sparkgate.contract import AppKey
+
+from .model import PodRecord
+
+ZONE_LABEL = "topology.kubernetes.io/zone"
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    at: float  # monotonic seconds
+    app: AppKey
+    node: str
+    kind: str  # "OOMKilled", "Evicted", "exit 137", or the kubelet's reason for rejecting the pod
+
+
+def failure_kind(record: PodRecord) -> str:
+    """How an executor failed, as the FailedNodes message shows it."""
+    if record.reason in ("OOMKilled", "Evicted"):
+        return record.reason
+    if record.exit_code not in (None, 0):
+        return f"exit {record.exit_code}"
+    return record.reason or "failed"
+
+
+def _live(record: PodRecord | None) -> bool:
+    return (
+        record is not None
+        and record.node is not None
+        and not record.deleting
+        and record.phase in ("Pending", "Running")
+    )
+
+
+class Placement:
+    def __init__(self, *, monotonic: Callable[[], float] = time.monotonic, retention: float = 600.0) -> None:
+        self.monotonic = monotonic
+        self.retention = retention  # seconds failures are kept: the longest window of the policy in force
+        self._lock = threading.Lock()
+        self._failures: dict[str, collections.deque[Failure]] = {}  # node -> failures, oldest first
+        self._by_app: dict[AppKey, collections.deque[Failure]] = {}  # the same, by app
+        self.version = 0  # counts the failures seen: what is computed from them is stale when it changes
+        self._counted: set[str] = set()  # uids of failed pods already counted
+        self._executors: dict[AppKey, collections.Counter[str]] = {}  # app -> node -> live executors
+        self._node_zone: dict[str, str] = {}
+        self._nodes: frozenset[str] = frozenset()  # every node of the cluster
+        self._driver_node: dict[AppKey, str] = {}
+        self._driver_zone: dict[AppKey, str] = {}  # the driver pod's own zone label (k8s 1.35+ copies it)
+
+    # --- feeds -------------------------------------------------------------------------------------------
+
+    def observe(self, previous: PodRecord | None, current: PodRecord | None) -> None:
+        """An executor pod changed (current None: it is gone)."""
+        with self._lock:
+            if previous is not None and (current is None or previous.uid != current.uid):
+                self._count(previous, -1)
+                if current is None:
+                    self._counted.discard(previous.uid)
+                previous = None
+            if current is None:
+                return
+            if _live(previous) != _live(current) or (previous and previous.node != current.node):
+                self._count(previous, -1)
+                self._count(current, +1)
+            if current.phase == "Failed" and current.node and current.uid not in self._counted:
+                self._counted.add(current.uid)
+                failure = Failure(self.monotonic(), current.app, current.node, failure_kind(current))
+                self._failures.setdefault(current.node, collections.deque()).append(failure)
+                self._by_app.setdefault(current.app, collections.deque()).append(failure)
+                self.version += 1
+                self._prune(self._failures, current.node)
+                self._prune(self._by_app, current.app)
+                if self.version % 256 == 0:  # now and then, forget the nodes and apps nobody asks about
+                    for index in (self._failures, self._by_app):
+                        for key in list(index):
+                            self._prune(index, key)
+
+    def _count(self, record: PodRecord | None, delta: int) -> None:
+        if not _live(record):
+            return
+        assert record is not None and record.node is not None
+        nodes = self._executors.setdefault(record.app, collections.Counter())
+        nodes[record.node] += delta
+        if nodes[record.node] <= 0:
+            del nodes[record.node]
+            if not nodes:
+                del self._executors[record.app]
+
+    def node_event(self, kind: str, obj: Obj) -> None:
+        meta = obj.get("metadata") or {}
+        name = meta.get("name", "")
+        zone = None if kind == "DELETED" else (meta.get("labels") or {}).get(ZONE_LABEL)
+        with self._lock:
+            if (kind == "DELETED") == (name in self._nodes):  # both replaced on change, read without lock
+                self._nodes = self._nodes - {name} if kind == "DELETED" else self._nodes | {name}
+            if self._node_zone.get(name) == zone:
+                return  # most node events are status heartbeats
+            zones = dict(self._node_zone)  # copied on change: readers keep a consistent mapping
+            if zone:
+                zones[name] = zone
+            else:
+                zones.pop(name, None)
+            self._node_zone = zones
+
+    def nodes_replace(self, items: list[Obj]) -> None:
+        zones = {}
+        for obj in items:
+            meta = obj.get("metadata") or {}
+            zone = (meta.get("labels") or {}).get(ZONE_LABEL)
+            if zone:
+                zones[meta.get("name", "")] = zone
+        with self._lock:
+            self._node_zone = zones
+            self._nodes = frozenset((o.get("metadata") or {}).get("name", "") for o in items)
+
+    def driver_event(self, kind: str, obj: Obj) -> None:
+        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+        app_id = (meta.get("labels") or {}).get("spark-app-selector")
+        if not app_id:
+            return
+        key = AppKey(meta.get("namespace", ""), app_id)
+        with self._lock:
+            if kind == "DELETED":
+                self._driver_node.pop(key, None)
+                self._driver_zone.pop(key, None)
+                return
+            if spec.get("nodeName"):
+                self._driver_node[key] = spec["nodeName"]
+            zone = (meta.get("labels") or {}).get(ZONE_LABEL)
+            if zone:
+                self._driver_zone[key] = zone
+
+    def drivers_replace(self, items: list[Obj]) -> None:
+        with self._lock:
+            self._driver_node, self._driver_zone = {}, {}
+        for obj in items:
+            self.driver_event("ADDED", obj)
+
+    # --- reading -----------------------------------------------------------------------------------------
+
+    def _prune(self, index: dict[Any, collections.deque[Failure]], key: Any) -> None:
+        horizon = self.monotonic() - self.retention
+        failures = index.get(key)
+        while failures and failures[0].at < horizon:
+            failures.popleft()
+        if failures is not None and not failures:
+            del index[key]
+
+    def failures(self, window: float) -> dict[str, list[Failure]]:
+        """The failures seen within the last `window` seconds, by node (only nodes that have some)."""
+        since = self.monotonic() - window
+        with self._lock:
+            for node in list(self._failures):
+                self._prune(self._failures, node)
+            return {
+                node: [f for f in failures if f.at >= since]
+                for node, failures in self._failures.items()
+                if failures[-1].at >= since
+            }
+
+    def app_failures(self, app: AppKey, window: float) -> list[Failure]:
+        """The app's failures seen within the last `window` seconds, oldest first."""
+        since = self.monotonic() - window
+        with self._lock:
+            self._prune(self._by_app, app)
+            return [f for f in self._by_app.get(app, ()) if f.at >= since]
+
+    def executors(self, app: AppKey) -> Mapping[str, int]:
+        """The app's live executors by node (a copy)."""
+        with self._lock:
+            return dict(self._executors.get(app, {}))
+
+    def driver_zone(self, app: AppKey) -> str | None:
+        with self._lock:
+            node = self._driver_node.get(app)
+            return self._driver_zone.get(app) or (self._node_zone.get(node) if node else None)
+
+    def nodes(self) -> frozenset[str]:
+        """Every node of the cluster, as the node watch last saw them."""
+        return self._nodes
+
+    def zones(self) -> Mapping[str, str]:
+        """node -> zone, for the nodes that have a zone label (replaced, never changed: read only)."""
+        with self._lock:
+            return self._node_zone

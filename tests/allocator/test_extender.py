@@ -1,0 +1,290 @@
+"""The extender's decisions and protocol in-process: the placement index fed with pod record transitions,
+the pure filter and scores, and the ExtenderArgs / ExtenderFilterResult / HostPriorityList documents of
+k8s.io/kube-scheduler/extender/v1 (Go field names; Go decodes them case-insensitively)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from allocator.extender import Extender, exclusions, filter_nodes, parse_args, scores, suspect_nodes
+from allocator.metrics import AllocatorMetrics
+from allocator.model import PodRecord
+from allocator.placement import Placement
+from sparkgate.cli import main
+from sparkgate.contract import AppKey
+from sparkgate.policy import Scheduling, load_policy
+
+A, B, C = AppKey("spark", "spark-aaaaaaaaaaaaaaaa"), AppKey("spark", "spark-b"), AppKey("jobs", "spark-c")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def record(app: AppKey, name: str, node: str | None, phase: str = "Running", **kw: Any) -> PodRecord:
+    return PodRecord(
+        app.namespace, name, f"uid-{name}", app.app_id, 1, "0", False, "spark", node, phase, False, 0.0, **kw
+    )
+
+
+def fail(placement: Placement, app: AppKey, name: str, node: str, **kw: Any) -> None:
+    running = record(app, name, node)
+    placement.observe(None, running)
+    placement.observe(running, replace(running, phase="Failed", **kw))
+
+
+class Policy:
+    def __init__(self, text: str) -> None:
+        self.policy = load_policy(text)
+
+    def current(self) -> Any:
+        return self.policy
+
+
+POLICY = """
+apiVersion: sparkgate.io/v1alpha1
+kind: Policy
+scheduling: {failuresPerApp: 2, suspectNodeApps: 2, failureWindowSeconds: 60}
+profiles:
+  - name: spark
+    scheduling: {packing: app, driverZone: prefer}
+  - name: wide
+    scheduling: {packing: spread, failuresPerApp: 5}
+"""
+
+
+def args(app: AppKey | None, names: list[str], profile: str = "spark") -> bytes:
+    labels = {"spark-role": "executor", "spark-app-selector": app.app_id} if app else {"app": "web"}
+    pod = {
+        "metadata": {
+            "name": "p",
+            "namespace": app.namespace if app else "default",
+            "labels": labels,
+            "annotations": {"sparkgate.io/profile": profile},
+        }
+    }
+    return json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
+
+
+def answer(extender: Extender, verb: str, body: bytes) -> tuple[int, Any]:
+    code, document = extender.handle(verb, body)
+    return code, json.loads(document)
+
+
+def refusing(placement: Placement, app: AppKey, settings: Scheduling, now: float) -> dict[str, Any]:
+    """exclusions() as the extender composes them: the app's own failures, then the suspect nodes."""
+    suspect, _ = suspect_nodes(placement.failures(600), settings, now)
+    return exclusions(placement.app_failures(app, 600), app, settings, suspect, now)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def placement(clock: Clock) -> Placement:
+    p = Placement(monotonic=clock)
+    p.nodes_replace([{"metadata": {"name": f"n{i}"}} for i in range(1, 5)])
+    return p
+
+
+@pytest.fixture
+def extender(placement: Placement) -> Extender:
+    return Extender(placement, Policy(POLICY), AllocatorMetrics())  # type: ignore[arg-type]
+
+
+def test_a_failed_pod_counts_once_with_its_kind_and_live_executors_are_counted_per_node(
+    placement: Placement, clock: Clock
+) -> None:
+    fail(placement, A, "a1", "n1", reason="OOMKilled", exit_code=137)
+    failed = replace(record(A, "a1", "n1"), phase="Failed", reason="OOMKilled", exit_code=137)
+    placement.observe(failed, replace(failed, deleting=True))  # the same failure seen again
+    fail(placement, A, "a2", "n1", exit_code=1, reason="Error")
+    fail(placement, B, "b1", "n2", reason="Evicted", exit_code=137)
+    fail(placement, B, "b2", "n2", reason="OutOfcpu")
+    assert {n: [f.kind for f in fs] for n, fs in placement.failures(60).items()} == {
+        "n1": ["OOMKilled", "exit 1"],
+        "n2": ["Evicted", "OutOfcpu"],
+    }
+    pending = record(A, "a3", None, "Pending")
+    placement.observe(None, pending)
+    placement.observe(pending, replace(pending, node="n3"))
+    placement.observe(None, record(A, "a4", "n3"))
+    assert placement.executors(A) == {"n3": 2}
+    placement.observe(record(A, "a4", "n3"), None)
+    assert placement.executors(A) == {"n3": 1}
+    clock.now += 61
+    assert placement.failures(60) == {}
+
+
+def test_a_node_is_refused_to_the_app_at_n_failures_and_to_every_app_at_m_apps(clock: Clock) -> None:
+    placement = Placement(monotonic=clock)
+    fail(placement, A, "a1", "n1", reason="OOMKilled", exit_code=137)
+    settings = Scheduling(failures_per_app=2, suspect_node_apps=2, failure_window_seconds=600)
+    assert refusing(placement, A, settings, clock.now) == {}
+    fail(placement, A, "a2", "n1", exit_code=137)
+    refused = refusing(placement, A, settings, clock.now)
+    assert refused["n1"].scope == "app" and refused["n1"].message == (
+        "sparkgate: 2 executors of spark/spark-aaaaaa… failed here in the last 10m (OOMKilled, exit 137)"
+    )
+    assert refusing(placement, B, settings, clock.now) == {}
+    fail(placement, B, "b1", "n1", reason="OOMKilled", exit_code=137)
+    refused = refusing(placement, C, settings, clock.now)
+    assert refused["n1"].scope == "node" and refused["n1"].reason == "oom_killed"
+    assert refused["n1"].message == (
+        "sparkgate: executors of 2 apps failed here in the last 10m (suspect node: OOMKilled \u00d72, exit 137)"
+    )
+
+
+def test_filter_never_refuses_every_node_of_the_cluster(placement: Placement, clock: Clock) -> None:
+    settings = Scheduling(failures_per_app=1)
+    for i, node in enumerate(("n1", "n2", "n3")):
+        fail(placement, A, f"a{i}", node)
+    refused = refusing(placement, A, settings, clock.now)
+    cluster = placement.nodes()
+    kept, failed, fell_back = filter_nodes(["n1", "n2"], refused, cluster)
+    assert kept == [] and set(failed) == {"n1", "n2"} and not fell_back, "n4 is good: wait for room there"
+    fail(placement, A, "a4", "n4")
+    refused = refusing(placement, A, settings, clock.now)
+    assert filter_nodes(["n1", "n2"], refused, cluster) == (["n1", "n2"], {}, True)
+
+
+def test_scores_by_packing_and_driver_zone() -> None:
+    names = ["n1", "n2", "n3", "n4"]
+    executors = {"n1": 4, "n2": 2}
+    zones = {"n1": "a", "n2": "b", "n3": "b"}
+    pack = Scheduling(packing="app")
+    assert scores(names, pack, executors, zones, None) == [("n1", 10), ("n2", 5), ("n3", 0), ("n4", 0)]
+    spread = Scheduling(packing="spread")
+    assert scores(names, spread, executors, zones, None) == [("n1", 0), ("n2", 5), ("n3", 10), ("n4", 10)]
+    zone = Scheduling(driver_zone="prefer")
+    assert scores(names, zone, executors, zones, "b") == [("n1", 0), ("n2", 10), ("n3", 10), ("n4", 0)]
+    assert scores(names, zone, executors, zones, None) == [(n, 0) for n in names], "driver's zone unknown"
+    both = Scheduling(packing="app", driver_zone="prefer")
+    assert scores(names, both, executors, zones, "b") == [("n1", 4), ("n2", 8), ("n3", 6), ("n4", 0)]
+    assert scores(names, Scheduling(), executors, zones, "b") == [(n, 0) for n in names]
+
+
+def test_the_protocol_answers_filter_and_prioritize(extender: Extender, placement: Placement) -> None:
+    fail(placement, A, "a1", "n1", reason="OOMKilled", exit_code=137)
+    fail(placement, A, "a2", "n1", reason="OOMKilled", exit_code=137)
+    placement.observe(None, record(A, "a3", "n2"))
+    placement.node_event(
+        "ADDED", {"metadata": {"name": "n2", "labels": {"topology.kubernetes.io/zone": "z"}}}
+    )
+    placement.driver_event(
+        "ADDED",
+        {
+            "metadata": {"namespace": "spark", "labels": {"spark-app-selector": A.app_id}},
+            "spec": {"nodeName": "n2"},
+        },
+    )
+    code, result = answer(extender, "filter", args(A, ["n1", "n2", "n3"]))
+    message = "sparkgate: 2 executors of spark/spark-aaaaaa… failed here in the last 1m (OOMKilled \u00d72)"
+    assert code == 200 and result == {
+        "NodeNames": ["n2", "n3"],
+        "FailedNodes": {"n1": message},
+        "FailedAndUnresolvableNodes": {"n1": message},
+        "Error": "",
+    }
+    code, result = answer(extender, "prioritize", args(A, ["n2", "n3"]))
+    assert code == 200 and result == [{"Host": "n2", "Score": 10}, {"Host": "n3", "Score": 0}]
+    code, result = answer(extender, "filter", args(A, ["n1", "n2"], profile="wide"))
+    assert result["NodeNames"] == ["n1", "n2"], "the profile allows 5 failures"
+    assert extender.app_document(A, "spark")[0]["node"] == "n1"
+
+
+def test_a_pod_that_is_not_an_executor_keeps_every_node_with_a_neutral_score(extender: Extender) -> None:
+    assert answer(extender, "filter", args(None, ["n1", "n2"]))[1]["NodeNames"] == ["n1", "n2"]
+    assert answer(extender, "prioritize", args(None, ["n1"]))[1] == [{"Host": "n1", "Score": 0}]
+    assert extender.metrics.extender_requests.labels("filter", "not_executor")._value.get() == 1
+
+
+def test_node_objects_in_are_node_objects_out_and_field_names_match_case_insensitively(
+    extender: Extender, placement: Placement
+) -> None:
+    fail(placement, A, "a1", "n1")
+    fail(placement, A, "a2", "n1")
+    pod = json.loads(args(A, []))["Pod"]
+    nodes = {"items": [{"metadata": {"name": "n1"}}, {"metadata": {"name": "n2"}}]}
+    code, result = answer(extender, "filter", json.dumps({"pod": pod, "nodes": nodes}).encode())
+    assert code == 200 and result["NodeNames"] is None
+    assert result["Nodes"]["items"] == [{"metadata": {"name": "n2"}}]
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        (b"{", "the body is not JSON"),
+        (b"[]", "expected an ExtenderArgs object"),
+        (b'{"NodeNames": []}', "Pod: expected the pod object"),
+        (b'{"Pod": {}, "NodeNames": [1]}', "NodeNames: expected a list of node names"),
+        (b'{"Pod": {}}', "expected NodeNames (nodeCacheCapable: true) or Nodes (a NodeList)"),
+    ],
+)
+def test_a_malformed_request_is_a_400_saying_what_is_wrong(
+    extender: Extender, body: bytes, error: str
+) -> None:
+    code, result = answer(extender, "filter", body)
+    assert code == 400 and error in result["Error"]
+    with pytest.raises(ValueError, match=re.escape(error)):
+        parse_args(body)
+
+
+def test_the_policy_sets_the_extender_per_profile_with_defaults_and_says_what_is_wrong() -> None:
+    """docs/policy.md "Scheduling": top-level defaults, profiles override (suspectNodeApps is cluster-wide,
+    schedulerName per profile), errors name their place."""
+    policy = load_policy(POLICY)
+    assert load_policy("apiVersion: sparkgate.io/v1alpha1\nkind: Policy\n").scheduling == Scheduling(
+        failures_per_app=3,
+        suspect_node_apps=3,
+        failure_window_seconds=600.0,
+        packing="none",
+        driver_zone="ignore",
+    )
+    assert policy.scheduling_for("wide") == Scheduling(5, 2, 60.0, "spread", "ignore", None)
+    assert policy.scheduling_for("unknown") == policy.scheduling
+    bad = """
+apiVersion: sparkgate.io/v1alpha1
+kind: Policy
+scheduling: {failuresPerApp: 0, packing: tight, schedulerName: x}
+profiles:
+  - name: p
+    scheduling: {failureWindowSeconds: 0, suspectNodeApps: 2, driverZone: always, schedulerName: Not_A_Name}
+"""
+    with pytest.raises(ValueError) as raised:
+        load_policy(bad)
+    assert str(raised.value).splitlines() == [
+        "scheduling.schedulerName: unknown key (expected one of: driverZone, failureWindowSeconds, "
+        "failuresPerApp, packing, suspectNodeApps)",
+        "scheduling.failuresPerApp: must be between 1 and 1000, got 0",
+        "scheduling.packing: expected one of none, app, spread, got 'tight'",
+        "profiles[0].scheduling.suspectNodeApps: unknown key (expected one of: driverZone, "
+        "failureWindowSeconds, failuresPerApp, packing, schedulerName)",
+        "profiles[0].scheduling.failureWindowSeconds: expected seconds between 1 and 86400, got 0",
+        "profiles[0].scheduling.driverZone: expected one of ignore, prefer, got 'always'",
+        "profiles[0].scheduling.schedulerName: 'Not_A_Name' is not a valid scheduler name (a DNS subdomain)",
+    ]
+
+
+def test_policy_check_shows_the_extender_settings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(POLICY)
+    assert main(["policy", "check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "  scheduling: a node is refused to an app after 2 of its executors failed there, to every app after "
+        "executors of 2 apps did, within 60s; packing none, driverZone ignore\n"
+    ) in out
+    assert "    scheduling: a node is refused to an app after 5 of its" in out and "packing spread" in out
