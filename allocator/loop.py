@@ -205,7 +205,7 @@ class Controller:
 
     def step(self, keys: set[AppKey]) -> None:
         """Decide for `keys` (taken from the queue: each is done here or when its actions are)."""
-        self.metrics.ready.set(1 if self.ready else 0)
+        self.metrics.ready.set(1 if self.cache.is_synced and all(r.synced for r in self.reflectors) else 0)
         with self._gone_lock:
             gone, self._gone = self._gone, []
         observed = self.cache.snapshot()

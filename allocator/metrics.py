@@ -110,7 +110,9 @@ class AllocatorMetrics:
             "sparkgate_allocator_policy_reloads", "Policy file loads by result.", ["result"], registry=r
         )
         self.ready = Gauge(
-            "sparkgate_allocator_cache_synced", "1 once every reflector has listed.", registry=r
+            "sparkgate_allocator_cache_synced",
+            "1 while every watch is current (listed, not failing).",
+            registry=r,
         )
         self.reflector_crashes = Counter(
             "sparkgate_allocator_reflector_crashes",
