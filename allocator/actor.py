@@ -2,7 +2,8 @@
 
 - Release: one JSON Patch that `test`s the gate's entry, then removes it (other gates left alone). A 409 or
   422 (the pod changed: the test failed) or a 404 means the cache was stale: the app is re-decided from a
-  fresher cache, never blindly retried.
+  fresher cache, never blindly retried. Every failed write (stale or refused: 403, 400...) makes the app's
+  result not ok, and the work queue holds the app for its backoff before deciding it again.
 - Config maps: an immutable copy of the profile's source ConfigMap in the app's namespace, labelled as
   the app's and owned by its driver pod; a copy that already exists is fine. When a copy cannot be made,
   the app's releases in the same decision are dropped (its pods would not start).
@@ -12,7 +13,9 @@ Transient API errors are retried with backoff inside sparkgate/kube.py.
 
 One app's actions are carried out in order (its config maps exist before its pods are released); different
 apps' actions run side by side on a few threads, so an app whose slot was just freed is not refilled only
-after another app's whole batch of PATCHes (bench/refill.py measured that wait at ~200 ms).
+after another app's whole batch of PATCHes (bench/refill.py measured that wait at ~200 ms). The actor's own
+state, the Event rate limiter, is under its own leaf lock; an exception in one app's actions ends that
+app's future, never another app's.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from sparkgate import contract
@@ -32,6 +37,14 @@ from sparkgate.kube import Conflict, Invalid, Kube, KubeError, NotFound
 from .model import Action, CreateConfigMap, DeleteConfigMap, DeletePod, Event, Release
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class AppResult:
+    """How one app's actions went: ok when every write went through; the pods whose gate was removed."""
+
+    ok: bool = True
+    released: list[str] = field(default_factory=list)
 
 
 def _now_rfc3339(at: float) -> str:
@@ -58,27 +71,30 @@ class Actor:
         self.clock = clock
         self.on_release = on_release
         self.on_delete = on_delete
+        self._events_lock = threading.Lock()
         self._last_event: dict[str, float] = {}
         self._pool = ThreadPoolExecutor(max_workers=parallel_apps, thread_name_prefix="actor")
 
-    def submit(self, actions: Iterable[Action]) -> dict[AppKey, Future[bool]]:
+    def submit(self, actions: Iterable[Action]) -> dict[AppKey, Future[AppResult]]:
         """Start carrying out `actions`, each app's in order, apps side by side; each app's future says
-        whether all of its actions went through (False: its state was stale, or a write failed)."""
+        whether all of its actions went through (not ok: its state was stale, or a write failed)."""
         by_app: dict[AppKey, list[Action]] = {}
         for action in actions:
             by_app.setdefault(action.app, []).append(action)
         return {app: self._pool.submit(self._app, group) for app, group in by_app.items()}
 
-    def _app(self, actions: list[Action]) -> bool:
-        """One app's actions in order; False when one was stale or failed. After that, the app's remaining
-        releases are dropped (its state is re-read and re-decided, never blindly retried), and so are they
-        when its config map could not be created (its pods would not start)."""
-        ok = True
+    def _app(self, actions: list[Action]) -> AppResult:
+        """One app's actions in order; not ok when one was stale or failed. After that, the app's remaining
+        writes are dropped (its state is re-read and re-decided after its backoff, never blindly retried),
+        and so are its releases when its config map could not be created (its pods would not start)."""
+        result = AppResult()
         for action in actions:
-            if isinstance(action, Release) and not ok:
+            if not result.ok and not isinstance(action, Event):
                 continue
             try:
                 self._one(action)
+                if isinstance(action, Release):
+                    result.released.append(action.pod.uid)
             except (Conflict, Invalid, NotFound) as e:
                 log.info(
                     "%s for %s was stale (%s); re-deciding",
@@ -86,11 +102,11 @@ class Actor:
                     action.app,
                     e.reason or e.status,
                 )
-                ok = False
+                result.ok = False
             except KubeError as e:
                 log.warning("%s for %s failed: %s", type(action).__name__, action.app, e)
-                ok = False
-        return ok
+                result.ok = False
+        return result
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -156,13 +172,14 @@ class Actor:
 
     def event(self, action: Event) -> None:
         now = self.clock()
-        last = self._last_event.get(action.key)
-        if last is not None and now - last < self.event_interval:
-            return
-        self._last_event[action.key] = now
-        if len(self._last_event) > 50_000:  # forget the oldest half; keys of finished apps never return
-            for key, _ in sorted(self._last_event.items(), key=lambda kv: kv[1])[:25_000]:
-                del self._last_event[key]
+        with self._events_lock:
+            last = self._last_event.get(action.key)
+            if last is not None and now - last < self.event_interval:
+                return
+            self._last_event[action.key] = now
+            if len(self._last_event) > 50_000:  # forget the oldest half; keys of finished apps never return
+                for key, _ in sorted(self._last_event.items(), key=lambda kv: kv[1])[:25_000]:
+                    del self._last_event[key]
         stamp = _now_rfc3339(now)
         body = {
             "apiVersion": "v1",

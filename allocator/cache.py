@@ -2,9 +2,17 @@
 
 Each reflector lists its objects, then watches from the list's resourceVersion with bookmarks and a
 server timeout, resumes from the last resourceVersion it saw, relists on 410 (the cache diffs the relist
-against what it held and treats what vanished as deleted) and backs off with jitter on other errors.
+against what it held and treats what vanished as deleted) and backs off with jitter on other errors. Any
+other exception (a malformed object, a bug in a handler) is contained: counted, logged with its traceback,
+and the reflector starts again from a fresh list after its backoff; the thread never ends before `stop`.
 Objects are raw JSON turned at once into small frozen records (allocator/model.py): the cache never keeps
 whole pods. Every change names the apps it touched, so the loop decides only for those.
+
+Threading: each reflector runs in its own thread and calls the cache's `*_event`/`*_replace` methods. The
+cache holds one lock, `Cache._lock`, for its maps; it is a leaf: every callback (`on_change`, `on_gone`, the
+pod observers) is called after it is released, on the calling reflector's thread, in the order of the
+changes (every pod change comes from the one executors reflector). Readers (the loop, HTTP threads) take
+immutable snapshots.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import logging
 import random
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from sparkgate import contract
@@ -92,19 +101,21 @@ def driver_record(obj: Obj) -> DriverRecord | None:
 
 
 Gone_ = Callable[[PodRecord, bool], None]  # (the pod's last record, removed from the cluster?)
-PodObserver = Callable[[PodRecord | None, PodRecord | None], None]  # (previous, current; None: gone)
+# (old, new) record of one executor pod: old None when it appears, new None when it is gone.
+PodObserver = Callable[[PodRecord | None, PodRecord | None], None]
 
 
 class Cache:
-    """Thread-safe. Reflectors call the `*_event`/`*_replace` methods; the loop calls `snapshot()`."""
+    """Thread-safe. Reflectors call the `*_event`/`*_replace` methods; the loop calls `snapshot()`.
 
-    def __init__(
-        self, on_change: Callable[[set[AppKey]], None], on_gone: Gone_, on_pod: PodObserver | None = None
-    ) -> None:
+    `pod_observers` is the one place where every change of an executor pod's record is seen (old, new),
+    after the cache has applied it: add one to follow pods (expectations, release-to-bind times, ...)."""
+
+    def __init__(self, on_change: Callable[[set[AppKey]], None], on_gone: Gone_) -> None:
         self._lock = threading.Lock()
-        self._on_pod = on_pod
         self._on_change = on_change
         self._on_gone = on_gone
+        self.pod_observers: list[PodObserver] = []
         self._pods: dict[AppKey, dict[str, PodRecord]] = {}
         self._drivers: dict[AppKey, DriverRecord] = {}
         self._driver_seen: set[AppKey] = set()
@@ -121,45 +132,62 @@ class Cache:
         record = pod_record(obj)
         if record is None:
             return
+        out = _Out()
         with self._lock:
-            self._apply_pod(kind, record)
-        self._on_change({record.app})
+            self._apply_pod(kind, record, out)
+        self._emit(out, {record.app})
 
-    def _apply_pod(self, kind: str, record: PodRecord) -> None:
+    def _apply_pod(self, kind: str, record: PodRecord, out: _Out) -> None:
         pods = self._pods.setdefault(record.app, {})
         previous = pods.get(record.name)
         self._invalidate(record.app)
-        if self._on_pod is not None:  # the extender's placement index (allocator/placement.py)
-            self._on_pod(previous, None if kind == "DELETED" else record)
         if kind == "DELETED":
             pods.pop(record.name, None)
             if not pods:
                 del self._pods[record.app]
+            last = previous if previous and previous.uid == record.uid else record
             if record.uid not in self._gone_uids:
-                self._on_gone(previous if previous and previous.uid == record.uid else record, True)
+                out.gone.append((last, True))
             self._gone_uids.discard(record.uid)
+            if previous is not None:
+                out.changes.append((previous, None))
             return
-        if previous is not None and previous.uid != record.uid and previous.uid not in self._gone_uids:
-            self._on_gone(previous, True)  # replaced by a new pod of the same name while we were away
+        if previous is not None and previous.uid != record.uid:
+            if previous.uid not in self._gone_uids:
+                out.gone.append((previous, True))  # replaced by a new pod of the same name while we were away
+            out.changes.append((previous, None))
+            previous = None
         pods[record.name] = record
+        if previous != record:
+            out.changes.append((previous, record))
         if record.deleting and record.uid not in self._gone_uids:
             self._gone_uids.add(record.uid)
-            self._on_gone(record, False)
+            out.gone.append((record, False))
 
     def pods_replace(self, items: list[Obj]) -> None:
         """A relist: the new state is the list; what the cache held and the list lacks was deleted."""
         records = [r for r in map(pod_record, items) if r is not None]
         fresh = {(r.namespace, r.name): r for r in records}
+        out = _Out()
         with self._lock:
             touched = set(self._pods)
             for pods in list(self._pods.values()):
                 for record in list(pods.values()):
                     if (record.namespace, record.name) not in fresh:
-                        self._apply_pod("DELETED", record)
+                        self._apply_pod("DELETED", record, out)
             for record in records:
-                self._apply_pod("MODIFIED", record)
+                self._apply_pod("MODIFIED", record, out)
                 touched.add(record.app)
             self.synced["pods"] = True
+        self._emit(out, touched)
+
+    def _emit(self, out: _Out, touched: set[AppKey]) -> None:
+        """The callbacks of one change, outside the lock, in order."""
+        for record, removed in out.gone:
+            self._on_gone(record, removed)
+        for old, new in out.changes:
+            for observer in self.pod_observers:
+                observer(old, new)
         self._on_change(touched)
 
     # --- drivers -------------------------------------------------------------------------------------
@@ -273,8 +301,17 @@ class Cache:
         return all(self.synced.get(k) for k in ("pods", "drivers", "sources", "copies"))
 
 
+@dataclass
+class _Out:
+    """What one cache change must report once the lock is released."""
+
+    gone: list[tuple[PodRecord, bool]] = field(default_factory=list)
+    changes: list[tuple[PodRecord | None, PodRecord | None]] = field(default_factory=list)
+
+
 class Reflector:
-    """List then watch one kind of object, forever, until stopped."""
+    """List then watch one kind of object, forever, until stopped. `synced` is true while the reflector's
+    view is current: from a successful list (or watch start) until an error or a crash."""
 
     def __init__(
         self,
@@ -287,6 +324,8 @@ class Reflector:
         *,
         stop: threading.Event,
         on_restart: Callable[[str, str], None] | None = None,
+        on_crash: Callable[[str], None] | None = None,
+        on_progress: Callable[[str], None] | None = None,
         timeout_seconds: int = 240,
         backoff_base: float = 0.2,
         backoff_cap: float = 10.0,
@@ -300,6 +339,9 @@ class Reflector:
         self.on_replace = on_replace
         self.stop = stop
         self.on_restart = on_restart
+        self.on_crash = on_crash
+        self.on_progress = on_progress
+        self.synced = False
         self.timeout_seconds = timeout_seconds
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
@@ -314,15 +356,22 @@ class Reflector:
         if self.on_restart is not None:
             self.on_restart(self.name, cause)
 
+    def _progress(self) -> None:
+        if self.on_progress is not None:
+            self.on_progress(self.name)
+
     def run(self) -> None:
         failures = 0
         while not self.stop.is_set():
+            self._progress()
             try:
                 if not self.resource_version:
                     items, self.resource_version = self.kube.list(
                         self.path, label_selector=self.label_selector
                     )
                     self.on_replace(items)
+                    self.synced = True
+                    self._progress()
                 for kind, obj in self.kube.watch(
                     self.path,
                     resource_version=self.resource_version,
@@ -330,22 +379,37 @@ class Reflector:
                     timeout_seconds=self.timeout_seconds,
                 ):
                     failures = 0
+                    self.synced = True
                     rv = (obj.get("metadata") or {}).get("resourceVersion")
-                    if rv:
-                        self.resource_version = rv
                     if kind != "BOOKMARK":
                         self.on_event(kind, obj)
+                    if rv:
+                        self.resource_version = rv
+                    self._progress()
                     if self.stop.is_set():
                         return
                 self._restart("timeout")  # the server ended the stream: resume from the last version
+                continue
             except Gone:
                 log.info("%s: resourceVersion %s expired; relisting", self.name, self.resource_version)
                 self.resource_version = ""
                 self._restart("expired")
+                continue
             except KubeError as e:
                 failures += 1
-                delay = self.rand() * min(self.backoff_cap, self.backoff_base * 2**failures)
-                log.warning("%s: %s; retrying in %.2fs", self.name, e, delay)
+                cause = f"{e}"
                 self._restart("error")
-                if self.stop.wait(delay):
-                    return
+            except Exception as e:
+                # A malformed object or a handler's bug: the event may be half applied, so start over from a
+                # fresh list (the cache diffs it against what it holds), after the backoff.
+                failures += 1
+                cause = f"{type(e).__name__}: {e}"
+                log.exception("%s: crashed; restarting from a fresh list", self.name)
+                self.resource_version = ""
+                if self.on_crash is not None:
+                    self.on_crash(self.name)
+            self.synced = False
+            delay = self.rand() * min(self.backoff_cap, self.backoff_base * 2**failures)
+            log.warning("%s: %s; retrying in %.2fs", self.name, cause, delay)
+            if self.stop.wait(delay):
+                return

@@ -1,23 +1,44 @@
-"""`sparkgate allocator` (run the controller) and `sparkgate status` (show what it is doing)."""
+"""`sparkgate allocator` (run the controller) and `sparkgate status` (show what it is doing).
+
+The allocator's parts are wired here (`assemble`), not in the controller: what feeds what, which callbacks
+the cache calls (the one list of pod observers), and the leader-elected periodic tasks (certificate
+rotation under its own Lease; a task for the allocator's leader is a `LeaderTask(own_lease=False)` on the
+controller's elector).
+"""
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import logging
 import os
 import signal
 import socket
 import sys
+import threading
 import urllib.request
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from sparkgate import contract
 
+if TYPE_CHECKING:
+    from certs.sync import Target
+    from sparkgate.kube import Kube
+    from sparkgate.policy_file import PolicySource
+
+    from .extender import Extender
+    from .leader import LeaderTask
+    from .loop import Controller, Options
+    from .metrics import AllocatorMetrics
+
 
 def register(subparsers: Any) -> None:
+    from certs.commands import add_target_options
+
     env = os.environ.get
-    a = subparsers.add_parser("allocator", help="run the allocator controller")
+    a = subparsers.add_parser("allocator", help="run the allocator controller (and certificate rotation)")
     a.add_argument(
         "--kubeconfig",
         default=env("KUBECONFIG"),
@@ -42,15 +63,30 @@ def register(subparsers: Any) -> None:
     a.add_argument("--lease-duration", type=float, default=15.0)
     a.add_argument("--renew-deadline", type=float, default=10.0)
     a.add_argument("--retry-period", type=float, default=2.0)
+    a.add_argument(
+        "--stall-after",
+        type=float,
+        default=float(env("SPARKGATE_STALL_AFTER", "300")),
+        help="/healthz fails when a watch or the loop made no progress for this many seconds",
+    )
+    a.add_argument(
+        "--backoff-base", type=float, default=0.05, help="an app's first retry after a failed write (s)"
+    )
+    a.add_argument("--backoff-cap", type=float, default=60.0, help="the longest backoff of an app (s)")
+    a.add_argument(
+        "--certs",
+        action=argparse.BooleanOptionalAction,
+        default=env("SPARKGATE_CERTS_SYNC", "true").lower() not in ("false", "0", "no"),
+        help="run certificate rotation under the sparkgate-certs Lease ($SPARKGATE_CERTS_SYNC)",
+    )
+    add_target_options(a)
     a.add_argument("--log-level", default=env("SPARKGATE_LOG_LEVEL", "info"))
-    # --- policy probe (issue 12) ---
     a.add_argument(
         "--probe-interval",
         type=float,
         default=300.0,
         help="seconds between dry-run probes of the policy's profiles while leading (0: never)",
     )
-    # --- end policy probe ---
     a.set_defaults(run=run_allocator)
 
     s = subparsers.add_parser("status", help="show the allocator's view of every app")
@@ -59,12 +95,197 @@ def register(subparsers: Any) -> None:
     s.set_defaults(run=run_status)
 
 
+@dataclass
+class Allocator:
+    """Every part of a running allocator, wired; `start` starts their threads, `run` the loop."""
+
+    controller: Controller
+    extender: Extender
+    tasks: list[LeaderTask]
+    stop: threading.Event
+
+    def start(self) -> None:
+        for reflector in self.controller.reflectors:
+            reflector.start()
+        threading.Thread(target=self.controller.lead, name="leader-election", daemon=True).start()
+        for task in self.tasks:
+            task.start()
+
+    def shutdown(self) -> None:
+        self.controller.shutdown()
+        for task in self.tasks:
+            task.thread.join(timeout=10)
+
+
+def assemble(
+    kube: Kube,
+    policy: PolicySource,
+    options: Options,
+    metrics: AllocatorMetrics,
+    *,
+    certs: Target | None = None,
+    certs_interval: float = 60.0,
+    probe_interval: float = 0.0,
+    stop: threading.Event | None = None,
+) -> Allocator:
+    """The allocator's parts and who feeds whom (the threading model is in allocator/loop.py):
+    reflectors -> cache -> (work queue, expectations, release-to-bind times, gone pods) -> loop -> actor."""
+    from .actor import Actor
+    from .cache import Cache, Reflector
+    from .deletions import HISTORY_LABEL, HistoryStore
+    from .expectations import BindTimes, Expectations
+    from .extender import Extender
+    from .health import Health
+    from .leader import LeaderElector, LeaderTask
+    from .loop import Controller
+    from .nodes import placement_reflectors
+    from .placement import Placement
+    from .workqueue import Backoff, WorkQueue
+
+    stop = stop or threading.Event()
+    queue = WorkQueue(Backoff(options.backoff_base, options.backoff_cap))
+    expectations = Expectations()
+    bind_times = BindTimes(lambda ns, seconds: metrics.release_to_bind.labels(ns).observe(seconds))
+    health = Health(options.stall_after)
+    histories = HistoryStore(
+        kube,
+        options.install_namespace,
+        retention=options.history_retention,
+        backoff=Backoff(options.history_flush, options.backoff_cap),
+        on_corrupt=metrics.history_corrupt.inc,
+        on_write_failure=metrics.history_write_failures.inc,
+    )
+    elector = LeaderElector(
+        kube,
+        options.install_namespace,
+        options.lease_name,
+        options.identity,
+        lease_duration=options.lease_duration,
+        renew_deadline=options.renew_deadline,
+        retry_period=options.retry_period,
+    )
+    # The controller's callbacks are bound after it exists; the cache and actor reach it through these.
+    parts: dict[str, Controller] = {}
+    cache = Cache(
+        lambda apps: parts["controller"].on_change(apps),
+        lambda record, removed: parts["controller"].on_gone(record, removed),
+    )
+    # What the scheduler extender answers from (every replica keeps it, followers included).
+    placement = Placement()
+    # The one place where every executor pod change is observed: add observers here.
+    cache.pod_observers += [expectations.observe, bind_times.observe, placement.observe]
+    actor = Actor(
+        kube,
+        options.install_namespace,
+        identity=options.identity,
+        on_release=lambda action, at: parts["controller"].on_release(action, at),
+        on_delete=lambda action: parts["controller"].on_delete(action),
+    )
+    ns = options.install_namespace
+    common: dict[str, Any] = {
+        "stop": stop,
+        "on_restart": lambda watch, cause: metrics.watch_restarts.labels(watch, cause).inc(),
+        "on_crash": lambda watch: metrics.reflector_crashes.labels(watch).inc(),
+        "on_progress": lambda watch: health.beat(f"watch {watch}"),
+        "timeout_seconds": options.watch_timeout,
+    }
+    reflectors = [
+        Reflector(
+            kube, "executors", "/api/v1/pods", "spark-role=executor", cache.pod_event, cache.pods_replace, **common
+        ),
+        Reflector(
+            kube, "drivers", "/api/v1/pods", "spark-role=driver", cache.driver_event, cache.drivers_replace, **common
+        ),
+        Reflector(
+            kube,
+            "copies",
+            "/api/v1/configmaps",
+            f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY},{contract.LABEL_APP_ID}",
+            lambda k, o: cache.config_map_event(k, o, source=False),
+            lambda items: cache.config_maps_replace(items, source=False),
+            **common,
+        ),
+        Reflector(
+            kube,
+            "sources",
+            f"/api/v1/namespaces/{ns}/configmaps",
+            f"!{HISTORY_LABEL}",
+            lambda k, o: cache.config_map_event(k, o, source=True),
+            lambda items: cache.config_maps_replace(items, source=True),
+            **common,
+        ),
+        *placement_reflectors(kube, placement, **common),
+    ]  # fmt: skip
+    for reflector in reflectors:
+        metrics.reflector_crashes.labels(reflector.name)
+    controller = parts["controller"] = Controller(
+        cache=cache,
+        reflectors=reflectors,
+        queue=queue,
+        expectations=expectations,
+        bind_times=bind_times,
+        histories=histories,
+        actor=actor,
+        elector=elector,
+        policy=policy,
+        metrics=metrics,
+        health=health,
+        options=options,
+        stop=stop,
+    )
+    # Leader-elected periodic tasks: each under its own Lease, or under the allocator's (own_lease=False).
+    tasks: list[LeaderTask] = []
+    on_run = lambda task, result: metrics.task_runs.labels(task, result).inc()  # noqa: E731
+    if certs is not None:
+        from certs.sync import CertsMetrics, certs_task
+
+        tasks.append(
+            certs_task(
+                kube,
+                certs,
+                identity=options.identity,
+                interval=certs_interval,
+                stop=stop,
+                clock=lambda: dt.datetime.now(dt.UTC),
+                metrics=CertsMetrics(metrics.registry),
+                lease_duration=options.lease_duration,
+                renew_deadline=options.renew_deadline,
+                retry_period=options.retry_period,
+                on_run=on_run,
+            )
+        )
+    if probe_interval > 0:
+        from .probe import PolicyProbe
+
+        probe = PolicyProbe(
+            kube, policy, metrics, options.install_namespace, options.identity, interval=probe_interval
+        )
+        # Polled every few seconds so that a policy change is probed at once; `due` says when to run.
+        tasks.append(
+            LeaderTask(
+                "policy-probe",
+                min(5.0, probe_interval),
+                probe.run_if_due,
+                elector=elector,
+                own_lease=False,
+                stop=stop,
+                on_run=on_run,
+                follow=probe.forget,
+            )
+        )
+    for task in tasks:
+        for result in ("ok", "error"):
+            metrics.task_runs.labels(task.name, result)
+    return Allocator(controller, Extender(placement, policy, metrics), tasks, stop)
+
+
 def run_allocator(args: argparse.Namespace) -> int:
+    from certs.commands import target_from
     from sparkgate.kube import Kube
     from sparkgate.policy_file import PolicySource
 
     from .http import StatusServer
-    from .loop import Controller, Options
+    from .loop import Options
     from .metrics import AllocatorMetrics
 
     logging.basicConfig(
@@ -84,28 +305,32 @@ def run_allocator(args: argparse.Namespace) -> int:
         lease_duration=args.lease_duration,
         renew_deadline=args.renew_deadline,
         retry_period=args.retry_period,
+        stall_after=args.stall_after,
+        backoff_base=args.backoff_base,
+        backoff_cap=args.backoff_cap,
     )
-    controller = Controller(kube, policy, options, metrics)
+    allocator = assemble(
+        kube,
+        policy,
+        options,
+        metrics,
+        certs=target_from(args, args.namespace) if args.certs else None,
+        certs_interval=args.certs_interval,
+        probe_interval=args.probe_interval,
+    )
+    controller = allocator.controller
     host, _, port = args.http.rpartition(":")
-    server = StatusServer(controller, host or "0.0.0.0", int(port))
-    signal.signal(signal.SIGTERM, lambda *_: controller.stop_event.set())
+    server = StatusServer(controller, allocator.extender, host or "0.0.0.0", int(port))
+    signal.signal(signal.SIGTERM, lambda *_: allocator.stop.set())
     server.start()
-    controller.start()
-    # --- policy probe (issue 12): the leader dry-runs each profile's executor pod (allocator/probe.py) ---
-    if args.probe_interval > 0:
-        from .probe import PolicyProbe
-
-        PolicyProbe(kube, policy, metrics, args.namespace, args.identity, interval=args.probe_interval).start(
-            controller.stop_event, lambda: controller.elector.leading
-        )
-    # --- end policy probe ---
+    allocator.start()
     try:
         controller.run()
     except KeyboardInterrupt:
         pass
     finally:
         lost = controller.lost_lease.is_set()
-        controller.stop()
+        allocator.shutdown()
         server.stop()
     if lost:
         logging.getLogger("sparkgate.allocator").error(

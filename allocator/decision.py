@@ -66,22 +66,24 @@ class Decision:
     # When each app held only by its batch delay may release next (the decision's clock), so the loop wakes
     # for it then instead of at its next tick.
     due: dict[AppKey, float] = field(default_factory=dict)
+    errors: dict[AppKey, str] = field(default_factory=dict)  # apps whose decision raised, and why
 
 
-class _InFlightPerView:
-    """Pods in flight per app view, remembered by the view's identity for the next snapshot.
+class InFlightCounts:
+    """Pods in flight per namespace, counted per app view and remembered by the view's identity.
 
     The cache hands out the same AppView object until the app changes, so a decision counts the pods of the
     apps that changed since the last one instead of every pod of every app: with 10,000 pods tracked, that
     count was most of the time of a one-app decision (bench/scale.py). Views are immutable and each entry
     holds its view, so an identity match is always the right count; only the last snapshot's views are kept
-    (the objects the cache holds anyway).
+    (the objects the cache holds anyway). Owned by the caller of `decide` (the loop): not thread-safe.
     """
 
     def __init__(self) -> None:
         self._last: dict[AppKey, tuple[AppView, int]] = {}
 
-    def per_namespace(self, snapshot: Snapshot) -> Counter[str]:
+    def __call__(self, snapshot: Snapshot) -> tuple[Counter[str], int]:
+        """Pods in flight per namespace and in the whole cluster."""
         last, current = self._last, {}
         per_namespace: Counter[str] = Counter()
         for key, view in snapshot.apps.items():
@@ -92,29 +94,21 @@ class _InFlightPerView:
             if known[1]:
                 per_namespace[key.namespace] += known[1]
         self._last = current
-        return per_namespace
-
-
-_in_flight = _InFlightPerView()
-
-
-def in_flight_counts(snapshot: Snapshot) -> tuple[Counter[str], int]:
-    """Pods in flight per namespace and in the whole cluster."""
-    per_namespace = _in_flight.per_namespace(snapshot)
-    return per_namespace, sum(per_namespace.values())
+        return per_namespace, sum(per_namespace.values())
 
 
 class _Budgets:
     """The in-flight counts of one decision, taken when it first needs them (most decisions stop before the
     limits: nothing gated, previous batch unbound, batch delay) and kept up to date with its releases."""
 
-    def __init__(self, snapshot: Snapshot) -> None:
+    def __init__(self, snapshot: Snapshot, counts: InFlightCounts) -> None:
         self._snapshot = snapshot
+        self._count = counts
         self._counts: tuple[Counter[str], int] | None = None
 
     def _get(self) -> tuple[Counter[str], int]:
         if self._counts is None:
-            self._counts = in_flight_counts(self._snapshot)
+            self._counts = self._count(self._snapshot)
         return self._counts
 
     def namespace(self, namespace: str) -> int:
@@ -150,9 +144,16 @@ def decide(
     now: float,
     memory: Mapping[AppKey, AppMemory],
     apps: Collection[AppKey] | None = None,
+    *,
+    deleted_exec_ids: Mapping[AppKey, Collection[int]] | None = None,
+    in_flight: InFlightCounts | None = None,
 ) -> Decision:
+    """The actions for `apps` (default: every app of the snapshot). `deleted_exec_ids`: each app's executor
+    ids deleted before (never released again); `in_flight`: the caller's counter, kept across decisions for
+    speed (a fresh one counts every pod)."""
     keys = list(snapshot.apps) if apps is None else [k for k in apps if k in snapshot.apps]
-    budgets = _Budgets(snapshot)
+    budgets = _Budgets(snapshot, in_flight or InFlightCounts())
+    deleted = deleted_exec_ids or {}
     new_memory = {k: _copy_memory(memory[k]) if k in memory else AppMemory() for k in keys}
     keys.sort(
         key=lambda k: (new_memory[k].waiting_since if new_memory[k].waiting_since is not None else now, k)
@@ -161,80 +162,104 @@ def decide(
     settings: dict[AppKey, AppSettings] = {}
     hits: Counter[str] = Counter()
     due: dict[AppKey, float] = {}
+    errors: dict[AppKey, str] = {}
     for key in keys:
-        app, mem = snapshot.apps[key], new_memory[key]
-        pods = sorted(app.pods, key=_order)
-        profile = _profile(policy, pods)
-        allocation, problems = policy.allocation_for(profile, _annotations(pods))
-        first = pods[0] if pods else None
-        for problem in problems:
-            if first is not None:
-                actions.append(
-                    _event(key, first, "Warning", "InvalidAnnotation", problem, f"{key}/annotation")
-                )
-        for pod in pods:
-            if (
-                not pod.gated
-                and pod.profile is None
-                and not pod.deleting
-                and pod.phase in ("Pending", "Running")
-            ):
-                actions.append(
-                    _event(
-                        key,
-                        pod,
-                        "Warning",
-                        "BypassedWebhook",
-                        f"pod {pod.name} was admitted without sparkgate (webhook down or bypassed): it counts "
-                        "toward the limits but was not shaped by the policy",
-                        f"bypass/{pod.uid}",
-                    )
-                )
-        if _finished(app):
-            for pod in pods:
-                if pod.gated and not pod.deleting:
-                    actions.append(DeletePod(key, pod, DeletionReason.APP_FINISHED))
-            actions.extend(DeleteConfigMap(key, name) for name in sorted(app.config_maps))
-            mem.finished, mem.waiting_since = True, None
+        # One app's failure (a bug, a record no rule expected) must not stop the others: it is reported,
+        # its memory left as it was, and it is decided again after its backoff.
+        try:
+            app_hits: Counter[str] = Counter()
+            app_due: dict[AppKey, float] = {}
+            out, app_settings = _decide_app(
+                key, snapshot, policy, new_memory[key], now, budgets, app_hits, deleted.get(key, ()), app_due
+            )
+        except Exception as e:
+            errors[key] = f"{type(e).__name__}: {e}"
+            new_memory[key] = _copy_memory(memory[key]) if key in memory else AppMemory()
             continue
-        gated: list[PodRecord] = []
-        for pod in pods:
-            if not pod.gated or pod.deleting:
-                continue
-            if pod.exec_id is not None and pod.exec_id in mem.deleted_exec_ids:
-                actions.append(DeletePod(key, pod, DeletionReason.ID_REUSE))
-                actions.append(
-                    _event(
-                        key,
-                        pod,
-                        "Warning",
-                        "ExecutorIdReused",
-                        f"executor id {pod.exec_id} of app {key} was deleted before; the pod is deleted, not released",
-                        f"reuse/{pod.uid}",
-                    )
-                )
-            else:
-                gated.append(pod)
-        waiting, released = _release(
-            key, app, gated, profile, allocation, policy, snapshot, mem, now, budgets, hits
-        )
-        for action in released:
-            actions.append(action)
+        actions.extend(out)
+        hits.update(app_hits)
+        due.update(app_due)
+        for action in out:
             if isinstance(action, Release):
                 budgets.released(key.namespace)
-        if waiting is not None and waiting[0] == "delay" and mem.last_release_at is not None:
-            due[key] = mem.last_release_at + allocation.batch_delay_seconds
-        if waiting is not None and gated:
-            scope, message = waiting
-            type_ = "Warning" if scope == "source" else "Normal"
-            reason = "SourceConfigMapMissing" if scope == "source" else "Waiting"
-            actions.append(
-                _event(key, gated[0], type_, reason, f"waiting: {message}", f"{key}/waiting/{scope}")
+        if app_settings is not None:
+            settings[key] = app_settings
+    return Decision(tuple(actions), new_memory, settings, hits, due, errors)
+
+
+def _decide_app(
+    key: AppKey,
+    snapshot: Snapshot,
+    policy: Policy,
+    mem: AppMemory,
+    now: float,
+    budgets: _Budgets,
+    hits: Counter[str],
+    deleted: Collection[int],
+    due: dict[AppKey, float],
+) -> tuple[list[Action], AppSettings | None]:
+    """One app's actions and settings (memory and the shared budgets updated)."""
+    out: list[Action] = []
+    app = snapshot.apps[key]
+    pods = sorted(app.pods, key=_order)
+    profile = _profile(policy, pods)
+    allocation, problems = policy.allocation_for(profile, _annotations(pods))
+    first = pods[0] if pods else None
+    for problem in problems:
+        if first is not None:
+            out.append(_event(key, first, "Warning", "InvalidAnnotation", problem, f"{key}/annotation"))
+    for pod in pods:
+        if pod.bypassed:
+            out.append(
+                _event(
+                    key,
+                    pod,
+                    "Warning",
+                    "BypassedWebhook",
+                    f"pod {pod.name} was admitted without sparkgate (webhook down or bypassed): it counts "
+                    "toward the limits but was not shaped by the policy",
+                    f"bypass/{pod.uid}",
+                )
             )
-        settings[key] = AppSettings(
-            profile.name if profile else None, allocation, waiting[1] if waiting and gated else None
-        )
-    return Decision(tuple(actions), new_memory, settings, hits, due)
+    if app.finished:
+        for pod in pods:
+            if pod.gated and not pod.deleting:
+                out.append(DeletePod(key, pod, DeletionReason.APP_FINISHED))
+        out.extend(DeleteConfigMap(key, name) for name in sorted(app.config_maps))
+        mem.finished, mem.waiting_since = True, None
+        return out, None
+    gated: list[PodRecord] = []
+    for pod in pods:
+        if not pod.gated or pod.deleting:
+            continue
+        if pod.exec_id is not None and pod.exec_id in deleted:
+            out.append(DeletePod(key, pod, DeletionReason.ID_REUSE))
+            out.append(
+                _event(
+                    key,
+                    pod,
+                    "Warning",
+                    "ExecutorIdReused",
+                    f"executor id {pod.exec_id} of app {key} was deleted before; the pod is deleted, not released",
+                    f"reuse/{pod.uid}",
+                )
+            )
+        else:
+            gated.append(pod)
+    waiting, released = _release(
+        key, app, gated, profile, allocation, policy, snapshot, mem, now, budgets, hits
+    )
+    out.extend(released)
+    if waiting is not None and waiting[0] == "delay" and mem.last_release_at is not None:
+        due[key] = mem.last_release_at + allocation.batch_delay_seconds
+    if waiting is not None and gated:
+        scope, message = waiting
+        type_ = "Warning" if scope == "source" else "Normal"
+        reason = "SourceConfigMapMissing" if scope == "source" else "Waiting"
+        out.append(_event(key, gated[0], type_, reason, f"waiting: {message}", f"{key}/waiting/{scope}"))
+    return out, AppSettings(
+        profile.name if profile else None, allocation, waiting[1] if waiting and gated else None
+    )
 
 
 def _release(
@@ -320,10 +345,6 @@ def _release(
     mem.last_release_at = now
     mem.waiting_since = now if len(gated) > n else None
     return ((binding[0], rooms[binding[0]][1]) if binding and len(gated) > n else None), actions
-
-
-def _finished(app: AppView) -> bool:
-    return (app.driver is not None and app.driver.finished) or (app.driver is None and app.driver_seen)
 
 
 def _profile(policy: Policy, pods: list[PodRecord]) -> Profile | None:

@@ -1,17 +1,31 @@
 """Deletion tracking: why each executor pod went away, per application, kept across allocator restarts.
 
 `classify` says why a pod that vanished or got a deletionTimestamp went; `History` keeps the counts by
-reason and the most recent records of one app, and (de)serialises them so the runtime can persist them
-in the cluster and read them back after a restart.
+reason and the most recent records of one app, and (de)serialises them; `HistoryStore` holds every app's
+history and persists them in the cluster, to read them back after a restart.
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
+import itertools
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkgate import contract
+from sparkgate.contract import AppKey
+from sparkgate.kube import Kube, KubeError, NotFound
+
 from .model import DeletionReason, DeletionRecord, PodRecord
+from .workqueue import Backoff
+
+log = logging.getLogger(__name__)
 
 RECENT = 50
 
@@ -97,3 +111,197 @@ class History:
                 )
         history.exec_ids = {int(i) for i in data.get("execIds") or []}
         return history
+
+
+HISTORY_LABEL = "sparkgate.io/history"  # "true": a live history; "corrupt": one set aside, never read again
+APP_ANNOTATION = "sparkgate.io/app"
+DATA_KEY = "history.json"
+
+
+def history_name(key: AppKey) -> str:
+    return "sparkgate-history-" + hashlib.sha256(f"{key.namespace}\0{key.app_id}".encode()).hexdigest()[:16]
+
+
+class HistoryStore:
+    """Every app's deletion history, and its persistence in ConfigMaps of the install namespace (one per app,
+    written in batches by `flush`), so that a restarted allocator knows which executor ids were deleted.
+
+    - `load` reads them once at start (the loop retries it until it succeeds: the leader acts only then). A
+      history that does not parse is logged, counted, copied aside (label `sparkgate.io/history=corrupt`) and
+      replaced by an empty one: never a crash loop.
+    - A write that fails is retried at the next flush after a per-app exponential backoff; a record is never
+      dropped while it is unwritten.
+
+    Thread-safe: one leaf lock over the histories; no I/O under it (`flush` copies what it writes). Written by
+    the loop (gone pods, finished apps, flush) and the actor threads (deletions made by sparkgate); read by
+    the HTTP threads through `view`.
+    """
+
+    def __init__(
+        self,
+        kube: Kube,
+        namespace: str,
+        *,
+        retention: float,
+        backoff: Backoff,
+        on_corrupt: Callable[[], None] = lambda: None,
+        on_write_failure: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.kube = kube
+        self.path = f"/api/v1/namespaces/{namespace}/configmaps"
+        self.retention = retention
+        self.backoff = backoff
+        self.on_corrupt = on_corrupt
+        self.on_write_failure = on_write_failure
+        self.clock = clock
+        self.monotonic = monotonic
+        self.loaded = False
+        self._lock = threading.Lock()
+        self._histories: dict[AppKey, History] = {}
+        self._dirty: set[AppKey] = set()
+        self._recorded: dict[str, None] = {}  # uids already recorded (insertion-ordered, bounded)
+        self._failures: dict[AppKey, tuple[int, float]] = {}  # consecutive write failures, retry time
+
+    # --- reading and recording ---------------------------------------------------------------------------
+
+    def record(self, app: AppKey, uid: str, entry: DeletionRecord) -> bool:
+        """Add one pod's deletion; False when that pod was already recorded."""
+        with self._lock:
+            if uid in self._recorded:
+                return False
+            self._recorded[uid] = None
+            if len(self._recorded) > 200_000:
+                for old in list(itertools.islice(self._recorded, 100_000)):
+                    del self._recorded[old]
+            self._histories.setdefault(app, History()).record(entry)
+            self._dirty.add(app)
+            return True
+
+    def deleted_exec_ids(self) -> dict[AppKey, frozenset[int]]:
+        with self._lock:
+            return {k: frozenset(h.exec_ids) for k, h in self._histories.items() if h.exec_ids}
+
+    def finished(self, app: AppKey, at: float) -> None:
+        with self._lock:
+            history = self._histories.get(app)
+            if history is not None and history.finished_at is None:
+                history.finished_at = at
+                self._dirty.add(app)
+
+    def view(self, app: AppKey) -> History | None:
+        """A copy of an app's history (for /apps)."""
+        with self._lock:
+            history = self._histories.get(app)
+            return None if history is None else History.from_dict(history.to_dict())
+
+    def keys(self) -> set[AppKey]:
+        with self._lock:
+            return set(self._histories)
+
+    def unsaved(self) -> int:
+        with self._lock:
+            return len(self._dirty)
+
+    # --- persistence -------------------------------------------------------------------------------------
+
+    def load(self) -> bool:
+        """Read every saved history; False when the API failed (call again)."""
+        try:
+            items, _ = self.kube.list(self.path, label_selector=f"{HISTORY_LABEL}=true")
+        except KubeError as e:
+            log.warning("deletion histories not loaded yet: %s", e)
+            return False
+        for obj in items:
+            meta = obj.get("metadata") or {}
+            try:
+                namespace, slash, app_id = (meta.get("annotations") or {})[APP_ANNOTATION].partition("/")
+                if not slash or meta.get("name") != history_name(AppKey(namespace, app_id)):
+                    raise ValueError(f"annotation {APP_ANNOTATION} does not name this history's app")
+                history = History.from_dict(json.loads((obj.get("data") or {})[DATA_KEY]))
+            except Exception as e:  # anything at all: one bad ConfigMap must not stop the allocator
+                self._set_aside(obj, e)
+                continue
+            key = AppKey(namespace, app_id)
+            with self._lock:
+                self._histories[key] = history
+        self.loaded = True
+        return True
+
+    def _set_aside(self, obj: dict[str, Any], error: Exception) -> None:
+        """Keep a corrupt history for inspection under another name and label, and remove the original, so
+        the app's next history is written afresh."""
+        meta = obj.get("metadata") or {}
+        name = meta.get("name", "")
+        log.error(
+            "deletion history %s is corrupt (%s: %s): set aside, replaced", name, type(error).__name__, error
+        )
+        self.on_corrupt()
+        aside = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": f"{name}-corrupt-{int(self.clock())}"[:253],
+                "labels": {**(meta.get("labels") or {}), HISTORY_LABEL: "corrupt"},
+                "annotations": meta.get("annotations") or {},
+            },
+            "data": obj.get("data") or {},
+        }
+        try:
+            self.kube.create(self.path, aside)
+            self.kube.delete(f"{self.path}/{name}")
+        except KubeError as e:
+            log.warning("corrupt deletion history %s not set aside: %s", name, e)
+
+    def flush(self) -> None:
+        """Write the histories that changed (each after its backoff if its last write failed); delete those
+        of apps finished for longer than `retention`."""
+        now, mono = self.clock(), self.monotonic()
+        with self._lock:
+            due = sorted(k for k in self._dirty if self._failures.get(k, (0, 0.0))[1] <= mono)
+            bodies = {k: self._body(k, self._histories[k]) for k in due if k in self._histories}
+            expired = [
+                k
+                for k, h in self._histories.items()
+                if h.finished_at is not None and now - h.finished_at > self.retention and k not in self._dirty
+            ]
+        for key, body in bodies.items():
+            try:
+                try:
+                    self.kube.replace(f"{self.path}/{history_name(key)}", body)
+                except NotFound:
+                    self.kube.create(self.path, body)
+            except KubeError as e:
+                self.on_write_failure()
+                with self._lock:
+                    failures = self._failures.get(key, (0, 0.0))[0] + 1
+                    self._failures[key] = (failures, self.monotonic() + self.backoff.delay(failures))
+                log.warning("deletion history of %s not saved (attempt %d): %s", key, failures, e)
+                continue
+            with self._lock:
+                self._failures.pop(key, None)
+                if self._histories.get(key) is not None and self._body(key, self._histories[key]) == body:
+                    self._dirty.discard(key)
+        for key in expired:
+            try:
+                self.kube.delete(f"{self.path}/{history_name(key)}")
+            except NotFound:
+                pass
+            except KubeError:
+                continue
+            with self._lock:
+                self._histories.pop(key, None)
+
+    @staticmethod
+    def _body(key: AppKey, history: History) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": history_name(key),
+                "labels": {HISTORY_LABEL: "true", contract.LABEL_MANAGED_BY: contract.MANAGED_BY},
+                "annotations": {APP_ANNOTATION: str(key)},
+            },
+            "data": {DATA_KEY: json.dumps(history.to_dict())},
+        }

@@ -1,16 +1,20 @@
-"""The allocator's HTTP endpoints: /healthz, /readyz (cache synced), /metrics, /apps, /apps/<ns>/<app id>,
-and POST /scheduler/filter and /scheduler/prioritize (the scheduler extender, allocator/extender.py).
+"""The allocator's HTTP endpoints: /healthz, /readyz, /metrics, /apps, /apps/<ns>/<app id>, and
+POST /scheduler/filter and /scheduler/prioritize (the scheduler extender, allocator/extender.py).
+
+- /healthz (the liveness probe): 503 when a watch or the loop made no progress for longer than the stall
+  bound (health.py) or the lease was lost, naming what is stalled; 200 again once it moves.
+- /readyz: 200 while every watch is current (listed, not failing), the deletion histories are loaded and a
+  policy is in force.
 
 A small threaded stdlib server: a handful of requests per scrape, no need for gunicorn in this process.
+HTTP threads only read (see the threading model in loop.py).
 """
 
 from __future__ import annotations
 
 import json
 import threading
-import time
 import urllib.parse
-from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -21,18 +25,14 @@ from sparkgate.contract import AppKey
 from .extender import VERBS, Extender
 from .loop import Controller
 
+# An ExtenderArgs with 5,000 full Node objects (a scheduler that is not nodeCacheCapable) is a few MiB.
+MAX_BODY = 16 * 1024 * 1024
+
 
 class StatusServer:
-    def __init__(
-        self,
-        controller: Controller,
-        host: str,
-        port: int,
-        *,
-        stall_after: float = 60.0,
-        monotonic: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, controller: Controller, extender: Extender, host: str, port: int) -> None:
         self.controller = controller
+        self.extender = extender
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -48,9 +48,6 @@ class StatusServer:
             def do_POST(self) -> None:
                 server.handle_post(self)
 
-        self.extender = Extender(controller.placement, controller.policy, controller.metrics)
-        self.stall_after = stall_after
-        self.monotonic = monotonic
         self._http = ThreadingHTTPServer((host, port), Handler)
         self._http.daemon_threads = True
         self.port = self._http.server_address[1]
@@ -67,20 +64,19 @@ class StatusServer:
         path = urllib.parse.urlsplit(request.path).path.rstrip("/") or "/"
         c = self.controller
         if path == "/healthz":
-            stalled = self.monotonic() - c.last_loop > self.stall_after and not c.stop_event.is_set()
-            _send(
-                request,
-                503 if stalled or c.lost_lease.is_set() else 200,
-                "text/plain",
-                b"stalled\n" if stalled else b"ok\n",
-            )
+            stalled = c.health.stalled()
+            problems = [f"{part}: no progress for {seconds:.0f}s" for part, seconds in stalled.items()]
+            if c.lost_lease.is_set():
+                problems.append("lost the lease")
+            body = ("\n".join(problems) or "ok") + "\n"
+            _send(request, 503 if problems else 200, "text/plain", body.encode())
         elif path == "/readyz":
-            ready = c.cache.is_synced and c.policy.current() is not None
+            ready = c.ready
             _send(
                 request,
                 200 if ready else 503,
                 "text/plain",
-                b"ok\n" if ready else b"cache not synced or no policy\n",
+                b"ok\n" if ready else b"a watch not current, histories not loaded, or no policy\n",
             )
         elif path == "/metrics":
             _send(request, 200, CONTENT_TYPE_LATEST, generate_latest(c.metrics.registry))
@@ -110,7 +106,20 @@ class StatusServer:
     def handle_post(self, request: BaseHTTPRequestHandler) -> None:
         path = urllib.parse.urlsplit(request.path).path.rstrip("/")
         verb = path.removeprefix("/scheduler/")
-        length = int(request.headers.get("Content-Length") or 0)
+        try:
+            length = int(request.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY:
+            request.close_connection = True  # the body, if any, is not read: the connection cannot be reused
+            message = f"sparkgate: Content-Length must be a number of bytes up to {MAX_BODY}"
+            _send(
+                request,
+                400 if length < 0 else 413,
+                "application/json",
+                json.dumps({"Error": message}).encode(),
+            )
+            return
         body = request.rfile.read(length) if length > 0 else b""
         if not path.startswith("/scheduler/") or verb not in VERBS:
             _send(request, 404, "text/plain", b"not found: POST /scheduler/filter or /scheduler/prioritize\n")

@@ -6,12 +6,20 @@ clock skew between machines does not matter); the leader renews every `retry_per
 not renewed within `renew_deadline` has lost the lease and must stop writing at once; a graceful stop
 gives the lease up so a follower takes over without waiting for it to expire. Every write carries the
 lease's resourceVersion, so two candidates can never both win (the loser gets 409).
+
+The one elector of sparkgate: the allocator's Lease and certificate rotation's both use it. `LeaderTask`
+runs a periodic piece of work only while a Lease is held: its own Lease, renewed by the task's thread (the
+certificate loop), or the allocator's, renewed by the allocator's leader thread (work for the leader).
+
+Threading: an elector is driven by one thread (the one that calls `try_acquire_or_renew`); `leading` is a
+plain bool other threads may read.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -62,8 +70,8 @@ class LeaderElector:
             if (previous or {}).get("holderIdentity") == self.identity
             else now
         )
-        if (previous or {}).get("holderIdentity") not in (None, "", self.identity):
-            transitions += 1
+        if previous is not None and previous.get("holderIdentity") != self.identity:
+            transitions += 1  # as client-go counts them: any change of holder, from nobody too
         return {
             "holderIdentity": self.identity,
             "leaseDurationSeconds": int(self.lease_duration),
@@ -160,3 +168,64 @@ class LeaderElector:
             self.kube.replace(f"{self.path}/{self.name}", {**lease, "spec": spec})
         except KubeError as e:
             log.warning("lease %s not released: %s", self.name, e)
+
+
+class LeaderTask:
+    """`work()` every `interval` seconds while `elector` holds its Lease, in a thread of its own.
+
+    With `own_lease` the task's thread also renews the Lease every `retry_period` (and gives it up when
+    stopped); without it, the Lease is someone else's (the allocator's) and the task only reads `leading`.
+    An exception in `work` is logged and reported (`on_run(name, "error")`), and the task runs again at its
+    next interval: a bug never ends it. `on_run(name, "ok")` after each run that went through. `follow`, if
+    given, runs every interval in the replicas that do not hold the Lease (read-only work, e.g. reporting).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        interval: float,
+        work: Callable[[], None],
+        *,
+        elector: LeaderElector,
+        own_lease: bool,
+        stop: threading.Event,
+        on_run: Callable[[str, str], None] = lambda name, result: None,
+        follow: Callable[[], None] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self.follow = follow
+        self.interval = interval
+        self.work = work
+        self.elector = elector
+        self.own_lease = own_lease
+        self.stop = stop
+        self.on_run = on_run
+        self.monotonic = monotonic
+        self.thread = threading.Thread(target=self.run, name=f"task-{name}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def run(self) -> None:
+        next_run = self.monotonic()
+        try:
+            while not self.stop.is_set():
+                leading = self.elector.try_acquire_or_renew() if self.own_lease else self.elector.leading
+                if self.monotonic() >= next_run and (leading or self.follow is not None):
+                    try:
+                        (self.work if leading else self.follow or self.work)()
+                    except Exception:
+                        log.exception("task %s failed (run again in %gs)", self.name, self.interval)
+                        self.on_run(self.name, "error")
+                    else:
+                        if leading:
+                            self.on_run(self.name, "ok")
+                    next_run = self.monotonic() + self.interval
+                wait = max(0.0, next_run - self.monotonic())
+                if self.own_lease or not leading:
+                    wait = min(wait, self.elector.retry_period)
+                self.stop.wait(max(wait, 0.01))
+        finally:
+            if self.own_lease:
+                self.elector.release()

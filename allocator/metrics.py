@@ -125,9 +125,54 @@ class AllocatorMetrics:
             "sparkgate_allocator_policy_reloads", "Policy file loads by result.", ["result"], registry=r
         )
         self.ready = Gauge(
-            "sparkgate_allocator_cache_synced", "1 once every reflector has listed.", registry=r
+            "sparkgate_allocator_cache_synced",
+            "1 while every watch is current (listed, not failing).",
+            registry=r,
         )
-        # --- policy probe (issue 12; allocator/probe.py) ---
+        self.reflector_crashes = Counter(
+            "sparkgate_allocator_reflector_crashes",
+            "Reflectors restarted after an unexpected exception, by watch.",
+            ["watch"],
+            registry=r,
+        )
+        self.decision_errors = Counter(
+            "sparkgate_allocator_decision_errors",
+            "Exceptions in one app's decision or actions (contained: the other apps go on).",
+            registry=r,
+        )
+        self.write_failures = Counter(
+            "sparkgate_allocator_write_failures",
+            "Apps whose writes failed (each puts the app in backoff), by namespace.",
+            ["namespace"],
+            registry=r,
+        )
+        self.apps_backing_off = Gauge(
+            "sparkgate_allocator_apps_backing_off",
+            "Apps held by their backoff after failed writes.",
+            registry=r,
+        )
+        self.history_corrupt = Counter(
+            "sparkgate_allocator_history_corrupt",
+            "Deletion history ConfigMaps that did not parse (set aside and replaced).",
+            registry=r,
+        )
+        self.history_write_failures = Counter(
+            "sparkgate_allocator_history_write_failures",
+            "Failed writes of a deletion history ConfigMap (retried after a backoff).",
+            registry=r,
+        )
+        self.history_unsaved = Gauge(
+            "sparkgate_allocator_history_unsaved",
+            "Apps whose deletion history has changes not yet written.",
+            registry=r,
+        )
+        self.task_runs = Counter(
+            "sparkgate_allocator_task_runs",
+            "Runs of the leader-elected periodic tasks, by task and result.",
+            ["task", "result"],
+            registry=r,
+        )
+        # The policy probe (allocator/probe.py).
         self.probe_admitted = Gauge(
             "sparkgate_allocator_policy_probe_admitted",
             "1 when the API server admits a dry-run executor pod of the profile in the namespace, 0 when it "
@@ -135,7 +180,6 @@ class AllocatorMetrics:
             ["profile", "namespace"],
             registry=r,
         )
-        # --- end policy probe ---
         # --- the scheduler extender (allocator/extender.py) ---
         self.extender_requests = Counter(
             "sparkgate_allocator_extender_requests",
@@ -171,12 +215,14 @@ class AllocatorMetrics:
             for reason in ("oom_killed", "evicted", "exit_code", "rejected"):
                 self.extender_excluded.labels(scope, reason)
         self._app_series: set[AppKey] = set()
+        self.namespaces: set[str] = set()  # namespaces whose per-namespace gauges are exported
         # Series whose label values are known in advance exist from the start at 0: increase() and rate()
         # cannot see a counter's first increments when its series appears with them.
         for scope in ("app", "namespace", "cluster"):
             self.limit_hits.labels(scope)
         for result in ("success", "failure"):
             self.policy_reloads.labels(result)
+        self.decision_errors.inc(0)
 
     def set_app(self, key: AppKey, counts: dict[str, int]) -> None:
         for state, n in counts.items():

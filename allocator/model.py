@@ -8,7 +8,7 @@ records compact (no whole pod objects) is what lets one allocator track tens of 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 from sparkgate.contract import AppKey
@@ -46,6 +46,17 @@ class PodRecord:
         """Released, not being deleted, and Pending: Spark's own meaning of pending."""
         return not self.gated and not self.deleting and self.phase == "Pending"
 
+    @property
+    def bypassed(self) -> bool:
+        """Live (Pending or Running, not being deleted), never gated and without sparkgate's profile
+        annotation: admitted while the webhook was down or unreachable. It counts toward the limits."""
+        return (
+            not self.gated
+            and self.profile is None
+            and not self.deleting
+            and self.phase in ("Pending", "Running")
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class DriverRecord:
@@ -72,6 +83,13 @@ class AppView:
     driver: DriverRecord | None  # None when the app has no driver pod (client mode) or it is gone
     driver_seen: bool  # a driver pod was seen at some point (so None means "gone", not "none")
     config_maps: frozenset[str]  # names of sparkgate's config map copies that exist for this app
+
+    @property
+    def finished(self) -> bool:
+        """The app is over: its driver finished, or was seen and is gone. Its gated pods are deleted."""
+        return (self.driver is not None and self.driver.finished) or (
+            self.driver is None and self.driver_seen
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +130,6 @@ class AppMemory:
 
     last_release_at: float | None = None  # clock time of the last release
     last_batch: frozenset[str] = frozenset()  # pod names of the last batch released
-    deleted_exec_ids: set[int] = field(default_factory=set)
     waiting_since: float | None = None  # when the app last started waiting for room (for fairness)
     finished: bool = False
 

@@ -4,8 +4,7 @@ relist on 410, back off); executor pods come from the cache itself, which report
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
+from typing import Any
 
 from sparkgate import contract
 from sparkgate.kube import Kube
@@ -14,14 +13,9 @@ from .cache import Reflector
 from .placement import Placement
 
 
-def placement_reflectors(
-    kube: Kube,
-    placement: Placement,
-    *,
-    stop: threading.Event,
-    on_restart: Callable[[str, str], None] | None = None,
-    timeout_seconds: int = 240,
-) -> list[Reflector]:
+def placement_reflectors(kube: Kube, placement: Placement, **common: Any) -> list[Reflector]:
+    """`common`: the Reflector keywords every watch of the allocator shares (stop, restart/crash/progress
+    reports, timeout), so these watches are restarted, counted and watched by /healthz like the others."""
     return [
         Reflector(
             kube,
@@ -30,9 +24,7 @@ def placement_reflectors(
             None,
             placement.node_event,
             placement.nodes_replace,
-            stop=stop,
-            on_restart=on_restart,
-            timeout_seconds=timeout_seconds,
+            **common,
         ),
         Reflector(
             kube,
@@ -41,8 +33,6 @@ def placement_reflectors(
             f"{contract.LABEL_ROLE}={contract.ROLE_DRIVER}",
             placement.driver_event,
             placement.drivers_replace,
-            stop=stop,
-            on_restart=on_restart,
-            timeout_seconds=timeout_seconds,
+            **common,
         ),
     ]

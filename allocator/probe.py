@@ -1,6 +1,7 @@
 """The policy probe as a leader task: a profile that the API server refuses is a page, not lost Spark jobs.
 
-While this allocator holds the lease, it runs sparkgate/probe.py (each profile's executor pod, created with
+A `LeaderTask` under the allocator's Lease (wired in allocator/commands.py): while this allocator leads, it
+runs sparkgate/probe.py (each profile's executor pod, created with
 `dryRun=All` in every namespace the profile matches) when the policy in force changes and every `interval`
 seconds, because what the API server admits also changes without the policy changing: a PriorityClass
 deleted, a namespace relabelled for PodSecurity, a quota tightened. Each result is exported as
@@ -15,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
-import threading
 import time
 from collections.abc import Callable
 
@@ -66,6 +66,11 @@ class PolicyProbe:
             or self._monotonic() - self._last[1] >= self.interval
         )
 
+    def run_if_due(self) -> None:
+        """The leader task's work: probe when the policy changed or the interval has passed."""
+        if self.due():
+            self.run_once()
+
     def run_once(self) -> list[ProbeResult]:
         """Probe the policy in force; export the results and record an Event for each refusal."""
         policy = self.policy.current()
@@ -94,19 +99,6 @@ class PolicyProbe:
         self._series = seen
         return results
 
-    def run(self, stop: threading.Event, leading: Callable[[], bool], poll: float = 5.0) -> None:
-        """Until `stop`: probe whenever this allocator leads and a probe is due; forget when it does not."""
-        while not stop.is_set():
-            if leading():
-                if self.due():
-                    try:
-                        self.run_once()
-                    except Exception:  # a bug must not end the probe for the life of the process
-                        log.exception("policy probe failed unexpectedly (tried again at the next interval)")
-            elif self._series:
-                self.forget()
-            stop.wait(poll)
-
     def forget(self) -> None:
         """Drop every exported result: a follower's would go stale while the leader probes on."""
         for key in self._series:
@@ -114,11 +106,6 @@ class PolicyProbe:
                 self.metrics.probe_admitted.remove(*key)
         self._series = set()
         self._last = None
-
-    def start(self, stop: threading.Event, leading: Callable[[], bool]) -> threading.Thread:
-        thread = threading.Thread(target=self.run, args=(stop, leading), name="policy-probe", daemon=True)
-        thread.start()
-        return thread
 
     def _event(self, result: ProbeResult) -> None:
         try:

@@ -1,15 +1,19 @@
-"""The documents of the allocator's status API (`/apps`, `/apps/<namespace>/<app id>`), built purely from
-the cache snapshot, the last decision's settings, the allocator's memory and the deletion histories."""
+"""The documents of the allocator's status API (`/apps`, `/apps/<namespace>/<app id>`) and the per-app and
+per-namespace gauges, built purely from the cache snapshot, the last decision's settings, the allocator's
+memory, the deletion histories and the apps' backoff: the same counts (model.py's rules: in flight,
+bypassed, finished) whichever of them you read."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 from sparkgate.contract import AppKey
 
-from .decision import AppSettings, in_flight_counts
+from .decision import AppSettings
 from .deletions import History
+from .metrics import AllocatorMetrics
 from .model import AppMemory, AppView, Snapshot
 
 
@@ -29,8 +33,36 @@ def executor_counts(view: AppView) -> dict[str, int]:
     return counts
 
 
+def namespace_counts(snapshot: Snapshot) -> tuple[Counter[str], Counter[str]]:
+    """Pods in flight and bypassed pods, per namespace."""
+    in_flight: Counter[str] = Counter()
+    bypassed: Counter[str] = Counter()
+    for key, view in snapshot.apps.items():
+        for pod in view.pods:
+            in_flight[key.namespace] += pod.in_flight
+            bypassed[key.namespace] += pod.bypassed
+    return in_flight, bypassed
+
+
+def observe_apps(metrics: AllocatorMetrics, snapshot: Snapshot) -> None:
+    """The per-app and per-namespace gauges of one step (every pod of every app is walked)."""
+    for key, view in snapshot.apps.items():
+        metrics.set_app(key, executor_counts(view))
+    metrics.forget_apps(set(snapshot.apps))
+    in_flight, bypassed = namespace_counts(snapshot)
+    for namespace in {key.namespace for key in snapshot.apps} | metrics.namespaces:
+        metrics.in_flight.labels(namespace).set(in_flight[namespace])
+        metrics.bypassed.labels(namespace).set(bypassed[namespace])
+    metrics.namespaces |= {key.namespace for key in snapshot.apps}
+    metrics.apps.set(len(snapshot.apps))
+
+
 def app_summary(
-    view: AppView, settings: AppSettings | None, memory: AppMemory | None, history: History | None
+    view: AppView,
+    settings: AppSettings | None,
+    memory: AppMemory | None,
+    history: History | None,
+    backoff: tuple[int, float] | None = None,
 ) -> dict[str, Any]:
     counts = executor_counts(view)
     allocation = settings.allocation if settings else None
@@ -42,7 +74,7 @@ def app_summary(
         "inFlight": counts["in_flight"],
         "running": counts["running"],
         "failed": sum(1 for p in view.pods if p.phase == "Failed"),
-        "bypassed": sum(1 for p in view.pods if not p.gated and p.profile is None and not p.deleting),
+        "bypassed": sum(1 for p in view.pods if p.bypassed),
         "limits": (
             {
                 "batchSize": allocation.batch_size,
@@ -58,6 +90,10 @@ def app_summary(
         "driver": None if view.driver is None else {"name": view.driver.name, "phase": view.driver.phase},
         "finished": bool(memory and memory.finished),
         "deletions": {reason.value: n for reason, n in sorted((history.counts if history else {}).items())},
+        # Consecutive failed writes and the seconds until the next attempt (None: the last write went through).
+        "backoff": None
+        if backoff is None
+        else {"failures": backoff[0], "retryInSeconds": round(backoff[1], 3)},
     }
 
 
@@ -67,28 +103,36 @@ def apps_document(
     memory: Mapping[AppKey, AppMemory],
     histories: Mapping[AppKey, History],
     limits: Mapping[str, int],
+    backoff: Mapping[AppKey, tuple[int, float]],
 ) -> dict[str, Any]:
-    per_namespace, total = in_flight_counts(snapshot)
+    in_flight, bypassed = namespace_counts(snapshot)
     apps = [
-        app_summary(snapshot.apps[key], settings.get(key), memory.get(key), histories.get(key))
+        app_summary(
+            snapshot.apps[key], settings.get(key), memory.get(key), histories.get(key), backoff.get(key)
+        )
         for key in sorted(snapshot.apps)
     ]
     return {
         "apps": apps,
         "cluster": {
-            "inFlight": total,
+            "inFlight": sum(in_flight.values()),
             "maxPendingCluster": limits.get("cluster"),
             "maxPendingPerNamespace": limits.get("namespace"),
-            "inFlightByNamespace": dict(sorted(per_namespace.items())),
+            "inFlightByNamespace": {ns: n for ns, n in sorted(in_flight.items()) if n},
+            "bypassedByNamespace": {ns: n for ns, n in sorted(bypassed.items()) if n},
             "gated": sum(a["gated"] for a in apps),
         },
     }
 
 
 def app_document(
-    view: AppView, settings: AppSettings | None, memory: AppMemory | None, history: History | None
+    view: AppView,
+    settings: AppSettings | None,
+    memory: AppMemory | None,
+    history: History | None,
+    backoff: tuple[int, float] | None = None,
 ) -> dict[str, Any]:
-    document = app_summary(view, settings, memory, history)
+    document = app_summary(view, settings, memory, history, backoff)
     document["pods"] = [
         {
             "name": p.name,

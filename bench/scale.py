@@ -4,7 +4,7 @@
 whole life as watch events, in the allocator's own order of work: each event is parsed from its JSON line (as
 `sparkgate.kube` does) and applied to `allocator.cache.Cache`, then `allocator.decision.decide` runs on
 `Cache.snapshot()` for the apps the events touched, with what allocator/loop.py's step keeps in between (the
-apps' memory, and `expect_released` for gate removals the watch has not reported yet). Every simulated second
+apps' memory, and the expectations (allocator/expectations.py) for gate removals the watch has not reported yet). Every simulated second
 a decision covers all apps (the loop's tick). The stream is closed-loop: a `Release` the decision returns
 comes back as the watch event of the gate removal, then the pod is bound, then Running; at the end every
 driver finishes and every executor pod is deleted (deletionTimestamp, then DELETED). The pods are the captured
@@ -20,7 +20,7 @@ Two timed passes over the same stream:
 Measured: events per second (parse + cache + decision, ticks included), the decision latency per step, the
 tick's latency, and the memory the cache and the allocator's memory hold per tracked pod (tracemalloc: what
 is freed when they are dropped, with all pods tracked, in a separate untimed pass). Also measured, not part
-of the target: allocator/loop.py's own passes over every pod on each step (`expect_released` while a gate
+of the target: allocator/loop.py's own passes over every pod on each step (the expectations while a gate
 removal is unseen, and `_observe`'s per-app counts and gauges).
 
 Targets (issue 7): >= 5,000 events/s; <= 2 KB per tracked pod.
@@ -43,11 +43,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from allocator.cache import Cache
-from allocator.decision import decide, in_flight_counts
-from allocator.loop import expect_released, observe_apps
+from allocator.decision import InFlightCounts, decide
+from allocator.expectations import Expectations
 from allocator.metrics import AllocatorMetrics
-from allocator.model import Action, AppMemory, PodRecord, Release, Snapshot
-from allocator.status import executor_counts
+from allocator.model import Action, AppMemory, PodRecord, Release
+from allocator.status import executor_counts, observe_apps
 from sparkgate import contract
 from sparkgate.contract import AppKey
 from sparkgate.json_patch import apply_patch
@@ -234,18 +234,20 @@ class Stream:
 class Allocator:
     """The part of the allocator under test: the cache, the decision, and what the loop keeps between them
     (allocator/loop.py's step: the dirty apps, the memory, and the gate removals the watch has not reported
-    yet, which `expect_released` applies to the snapshot so that a pod is never released twice)."""
+    yet, which the expectations apply to the snapshot so that a pod is never released twice)."""
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self.dirty: set[AppKey] = set()
         self.gone: list[PodRecord] = []
         self.memory: dict[AppKey, AppMemory] = {}
-        self.unseen: dict[str, float] = {}
         self.now = 0.0
+        self.expectations = Expectations(monotonic=lambda: self.now)
+        self.in_flight = InFlightCounts()
         self.actions: tuple[Action, ...] = ()
         self.expect_seconds = 0.0  # of the decisions' time, what expect_released took
         self.cache = Cache(self.dirty.update, lambda record, removed: self.gone.append(record))
+        self.cache.pod_observers.append(self.expectations.observe)
         for name in ("pods", "drivers", "sources", "copies"):
             self.cache.synced[name] = True
 
@@ -261,14 +263,6 @@ class Allocator:
             if kind == "driver":
                 self.cache.driver_event(event["type"], obj)
             else:
-                uid = obj["metadata"]["uid"]
-                if uid in self.unseen and (
-                    event["type"] == "DELETED"
-                    or not any(
-                        g.get("name") == contract.GATE for g in obj["spec"].get("schedulingGates") or ()
-                    )
-                ):
-                    del self.unseen[uid]
                 self.cache.pod_event(event["type"], obj)
             parse += t1 - t0
             cache += time.perf_counter() - t1
@@ -280,14 +274,12 @@ class Allocator:
         """One decision for `apps` (None: every app, the tick), as the loop takes it."""
         snapshot = self.cache.snapshot()
         started = time.perf_counter()
-        snapshot = expect_released(snapshot, self.unseen)
+        snapshot = self.expectations.apply(snapshot)
         self.expect_seconds += time.perf_counter() - started
-        decision = decide(snapshot, self.policy, self.now, self.memory, apps)
+        decision = decide(snapshot, self.policy, self.now, self.memory, apps, in_flight=self.in_flight)
         self.memory.update(decision.memory)
         self.dirty.clear()
-        for action in decision.actions:
-            if isinstance(action, Release):
-                self.unseen[action.pod.uid] = self.now
+        self.expectations.released(a.pod.uid for a in decision.actions if isinstance(a, Release))
         return decision.actions
 
 
@@ -365,7 +357,7 @@ def drive(
 
 
 def loop_overheads(allocator: Allocator) -> dict[str, float]:
-    """What allocator/loop.py adds to every step, measured with every pod tracked: `expect_released` with one
+    """What allocator/loop.py adds to every step, measured with every pod tracked: the expectations with one
     removed gate not yet seen by the watch, and `_observe`'s per-app work (counts by state, the per-app
     gauges, the bypass count); both walk every pod of every app."""
     snapshot = allocator.cache.snapshot()
@@ -373,8 +365,10 @@ def loop_overheads(allocator: Allocator) -> dict[str, float]:
     metrics = AllocatorMetrics()
     rounds = 20
     started = time.perf_counter()
+    expectations = Expectations()
+    expectations.released([some_uid])
     for _ in range(rounds):
-        expect_released(snapshot, {some_uid: 0.0})
+        expectations.apply(snapshot)
     expect = (time.perf_counter() - started) / rounds
     started = time.perf_counter()
     for _ in range(rounds):
@@ -438,9 +432,7 @@ def memory_pass(template: dict[str, Any], policy: Policy, args: argparse.Namespa
         tracked = sum(len(v.pods) for v in allocator.cache.snapshot().apps.values())
         gc.collect()
         with_cache, _ = tracemalloc.get_traced_memory()
-        del allocator
-        # decision.py remembers the last snapshot's views (the same objects the cache holds) for its counts.
-        in_flight_counts(Snapshot({}, frozenset()))
+        del allocator  # with it, its in-flight counter (which remembers the last snapshot's views)
         gc.collect()
         without, _ = tracemalloc.get_traced_memory()
     finally:

@@ -2,9 +2,13 @@
 
 Environment variables give the in-cluster defaults so that the manifests set them once for the pod:
 SPARKGATE_NAMESPACE, SPARKGATE_CERT_SECRET, SPARKGATE_WEBHOOK_SERVICE, SPARKGATE_WEBHOOK_CONFIGURATION,
-POD_NAME (the Lease identity), KUBECONFIG (absent in a pod: the service account is used).
-SPARKGATE_CERTS_SYNC=false turns `certs sync` into a no-op: the cert-manager overlay sets it, since there
-cert-manager owns the Secret and cainjector the caBundles.
+POD_NAME (the Lease identity), KUBECONFIG (absent in a pod: the service account is used), the lifetimes
+SPARKGATE_CA_LIFETIME, SPARKGATE_CA_RENEW_BEFORE, SPARKGATE_SERVING_LIFETIME,
+SPARKGATE_SERVING_RENEW_BEFORE, SPARKGATE_CA_OVERLAP (durations: `90d`, `12h`, `10m`, `30s`) and the cycle
+SPARKGATE_CERTS_INTERVAL (seconds). The allocator, which runs rotation in the installed system, takes the
+same options (`add_target_options`). SPARKGATE_CERTS_SYNC=false turns `certs sync` and the allocator's
+rotation off: the cert-manager overlay sets it, since there cert-manager owns the Secret and cainjector the
+caBundles.
 """
 
 from __future__ import annotations
@@ -26,9 +30,80 @@ from .material import fresh
 from .pki import service_dns_names
 from .plan import CA_CRT, CA_KEY, TLS_CRT, TLS_KEY, Lifetimes
 
+UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 
-def _days(value: str) -> dt.timedelta:
-    return dt.timedelta(days=float(value))
+
+def duration(value: str) -> dt.timedelta:
+    """`90d`, `12h`, `10m`, `30s` or `1.5d`; a bare number is days."""
+    text = value.strip().lower()
+    unit = UNITS.get(text[-1:]) if text else None
+    number = text[:-1] if unit is not None else text
+    try:
+        seconds = float(number) * (unit or UNITS["d"])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a duration (like 90d, 12h, 10m, 30s)") from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: a duration must be positive")
+    return dt.timedelta(seconds=seconds)
+
+
+def _lifetime_options(p: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    defaults = Lifetimes()
+    for flag, variable, default, what in (
+        ("--ca-lifetime", "SPARKGATE_CA_LIFETIME", defaults.ca, "CA lifetime"),
+        ("--ca-renew-before", "SPARKGATE_CA_RENEW_BEFORE", defaults.ca_renew_before, "stage a new CA this long before the CA expires"),
+        ("--serving-lifetime", "SPARKGATE_SERVING_LIFETIME", defaults.serving, "serving certificate lifetime"),
+        ("--serving-renew-before", "SPARKGATE_SERVING_RENEW_BEFORE", defaults.serving_renew_before, "renew the serving certificate this long before it expires"),
+        ("--ca-overlap", "SPARKGATE_CA_OVERLAP", defaults.overlap, "how long old and new CA are both trusted around a switch"),
+    ):  # fmt: skip
+        raw = env(variable)
+        p.add_argument(
+            flag, type=duration, default=duration(raw) if raw else default, help=f"{what} (${variable})"
+        )
+
+
+def lifetimes_from(args: argparse.Namespace) -> Lifetimes:
+    return Lifetimes(
+        ca=args.ca_lifetime,
+        ca_renew_before=args.ca_renew_before,
+        serving=args.serving_lifetime,
+        serving_renew_before=args.serving_renew_before,
+        overlap=args.ca_overlap,
+    )
+
+
+def add_target_options(p: argparse.ArgumentParser, *interval_aliases: str) -> None:
+    """Where the certificates live, which webhook configurations trust them, their lifetimes and cycle."""
+    env = os.environ.get
+    p.add_argument("--service", default=env("SPARKGATE_WEBHOOK_SERVICE", contract.WEBHOOK_SERVICE))
+    p.add_argument("--secret", default=env("SPARKGATE_CERT_SECRET", contract.CERT_SECRET))
+    p.add_argument(
+        "--webhook-configuration",
+        default=env("SPARKGATE_WEBHOOK_CONFIGURATION", contract.WEBHOOK_CONFIGURATION),
+        help="name of both the mutating and the validating webhook configuration",
+    )
+    p.add_argument(
+        "--certs-interval",
+        *interval_aliases,
+        type=float,
+        default=float(env("SPARKGATE_CERTS_INTERVAL", "60")),
+        help="seconds between certificate sync cycles",
+    )
+    _lifetime_options(p)
+
+
+def target_from(args: argparse.Namespace, namespace: str) -> Any:
+    from .sync import Target
+
+    return Target(
+        namespace=namespace,
+        secret=args.secret,
+        service=args.service,
+        mutating=(args.webhook_configuration,),
+        validating=(args.webhook_configuration,),
+        lifetimes=lifetimes_from(args),
+    )
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -36,20 +111,14 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     certs = subparsers.add_parser("certs", help="the webhook's TLS certificates")
     verbs = certs.add_subparsers(dest="verb", required=True, metavar="VERB")
 
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--namespace", default=env("SPARKGATE_NAMESPACE", contract.INSTALL_NAMESPACE))
-        p.add_argument("--service", default=env("SPARKGATE_WEBHOOK_SERVICE", contract.WEBHOOK_SERVICE))
-        p.add_argument("--ca-days", type=_days, default=Lifetimes.ca, help="CA lifetime in days")
-        p.add_argument(
-            "--serving-days", type=_days, default=Lifetimes.serving, help="serving certificate lifetime"
-        )
-
     gen = verbs.add_parser(
         "generate",
         help="write a CA and a serving certificate for the webhook Service to a directory",
         description="Writes ca.crt, ca.key, tls.crt and tls.key (keys mode 0600) and prints the caBundle.",
     )
-    common(gen)
+    gen.add_argument("--namespace", default=env("SPARKGATE_NAMESPACE", contract.INSTALL_NAMESPACE))
+    gen.add_argument("--service", default=env("SPARKGATE_WEBHOOK_SERVICE", contract.WEBHOOK_SERVICE))
+    _lifetime_options(gen)
     gen.add_argument("--out", required=True, type=Path, help="directory (created if missing)")
     gen.add_argument("--force", action="store_true", help="overwrite existing files")
     gen.set_defaults(run=_generate)
@@ -58,18 +127,14 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "sync",
         help="create, rotate and inject the certificates in the cluster (run by sparkgate itself)",
     )
-    common(sync)
+    sync.add_argument("--namespace", default=env("SPARKGATE_NAMESPACE", contract.INSTALL_NAMESPACE))
+    add_target_options(sync, "--interval")
     mode = sync.add_mutually_exclusive_group(required=True)
     mode.add_argument("--once", action="store_true", help="one cycle, no Lease; exit 1 on failure")
-    mode.add_argument("--loop", action="store_true", help="a cycle every --interval while holding the Lease")
-    sync.add_argument("--interval", type=float, default=float(env("SPARKGATE_CERTS_INTERVAL", "60")))
-    sync.add_argument("--kubeconfig", default=env("KUBECONFIG"))
-    sync.add_argument("--secret", default=env("SPARKGATE_CERT_SECRET", contract.CERT_SECRET))
-    sync.add_argument(
-        "--webhook-configuration",
-        default=env("SPARKGATE_WEBHOOK_CONFIGURATION", contract.WEBHOOK_CONFIGURATION),
-        help="name of both the mutating and the validating webhook configuration",
+    mode.add_argument(
+        "--loop", action="store_true", help="a cycle every --certs-interval while holding the Lease"
     )
+    sync.add_argument("--kubeconfig", default=env("KUBECONFIG"))
     sync.add_argument("--identity", default=env("POD_NAME") or socket.gethostname())
     sync.add_argument("--metrics-port", type=int, default=0, help="serve /metrics on this port (loop)")
     sync.set_defaults(run=_sync)
@@ -82,7 +147,7 @@ def _generate(args: argparse.Namespace) -> int:
     if existing and not args.force:
         print(f"{out}: {', '.join(existing)} exist; use --force to overwrite", file=sys.stderr)
         return 1
-    lifetimes = Lifetimes(ca=args.ca_days, serving=args.serving_days)
+    lifetimes = lifetimes_from(args)
     now = dt.datetime.now(dt.UTC)
     data = fresh(service_dns_names(args.service, args.namespace), now, lifetimes)
     out.mkdir(parents=True, exist_ok=True)
@@ -107,17 +172,9 @@ def _sync(args: argparse.Namespace) -> int:
         return 0
     from sparkgate.kube import Kube, KubeError
 
-    from .sync import Target, run_loop, sync_once
+    from .sync import run_loop, sync_once
 
-    lifetimes = Lifetimes(ca=args.ca_days, serving=args.serving_days)
-    target = Target(
-        namespace=args.namespace,
-        secret=args.secret,
-        service=args.service,
-        mutating=(args.webhook_configuration,),
-        validating=(args.webhook_configuration,),
-        lifetimes=lifetimes,
-    )
+    target = target_from(args, args.namespace)
     kube = Kube.from_kubeconfig(args.kubeconfig)
     try:
         if args.once:
@@ -147,7 +204,7 @@ def _sync(args: argparse.Namespace) -> int:
             kube,
             target,
             identity=args.identity,
-            interval=args.interval,
+            interval=args.certs_interval,
             stop=stop,
             clock=lambda: dt.datetime.now(dt.UTC),
             metrics=metrics,

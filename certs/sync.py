@@ -7,8 +7,11 @@ trust bundle, by read-modify-replace with the configuration's resourceVersion: n
 would replace the whole `webhooks` list. Because every cycle compares, a caBundle overwritten by a re-apply
 of the manifests or by GitOps is repaired at the next cycle.
 
-`run_loop` runs cycles while it holds the `sparkgate-certs` Lease (certs/lease.py), so one replica rotates
-at a time; optimistic concurrency on every write keeps even a lease overlap harmless.
+`certs_task` makes the cycle a leader-elected periodic task under the `sparkgate-certs` Lease (the allocator
+runs it in every replica, one replica rotates at a time); `run_loop` runs that task alone (`certs sync
+--loop`). Optimistic concurrency on every write keeps even a lease overlap harmless. A caBundle found
+different from the Secret's trust bundle when the Secret did not just change is drift (a re-apply, GitOps,
+a hand edit): repaired in that cycle and counted.
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
+from allocator.leader import LeaderElector, LeaderTask
 from sparkgate import contract
 from sparkgate.kube import Conflict, Kube, KubeError, NotFound
 
-from .lease import LeaseElector
 from .material import advance
 from .pki import service_dns_names
 from .plan import (
@@ -67,6 +70,11 @@ class CertsMetrics:
         )
         self.steps = Counter(
             "sparkgate_certs_steps", "Certificate steps carried out, by step", ["step"], registry=registry
+        )
+        self.ca_bundle_repairs = Counter(
+            "sparkgate_certs_ca_bundle_repairs",
+            "Webhooks whose caBundle had drifted from the Secret (blanked or replaced) and was repaired",
+            registry=registry,
         )
 
 
@@ -200,6 +208,10 @@ def _cycle(kube: Kube, target: Target, now: dt.datetime, metrics: CertsMetrics |
     for kind, name in sorted({(ref.kind, ref.configuration) for ref in injected}):
         _inject(kube, kind, name, configs[(kind, name)], bundle)
         log.info("caBundle injected into %s/%s", KINDS[kind], name)
+    if injected and not steps and secret is not None:
+        log.warning("caBundle had drifted from the Secret in %d webhooks: repaired", len(injected))
+        if metrics is not None:
+            metrics.ca_bundle_repairs.inc(len(injected))
     if metrics is not None:
         metrics.ca_expiry.set(load_certs(data[CA_CRT])[0].not_valid_after_utc.timestamp())
         metrics.serving_expiry.set(load_certs(data[TLS_CRT])[0].not_valid_after_utc.timestamp())
@@ -230,6 +242,65 @@ def sync_guarded(
     return result
 
 
+def certs_task(
+    kube: Kube,
+    target: Target,
+    *,
+    identity: str,
+    interval: float,
+    stop: threading.Event,
+    clock: Callable[[], dt.datetime],
+    metrics: CertsMetrics | None = None,
+    lease_duration: float = 15.0,
+    renew_deadline: float = 10.0,
+    retry_period: float = 2.0,
+    on_run: Callable[[str, str], None] = lambda name, result: None,
+) -> LeaderTask:
+    """Certificate rotation as a periodic task under its own Lease (`sparkgate-certs`): a cycle every
+    `interval` seconds in the replica that holds it."""
+    elector = LeaderElector(
+        kube,
+        target.namespace,
+        contract.CERTS_LEASE,
+        identity,
+        lease_duration=lease_duration,
+        renew_deadline=renew_deadline,
+        retry_period=retry_period,
+    )
+    return LeaderTask(
+        "certs",
+        interval,
+        lambda: _cycle_for_task(kube, target, clock, metrics),
+        elector=elector,
+        own_lease=True,
+        stop=stop,
+        on_run=on_run,
+        follow=None if metrics is None else lambda: observe_expiry(kube, target, metrics),
+    )
+
+
+def observe_expiry(kube: Kube, target: Target, metrics: CertsMetrics) -> None:
+    """What a replica that does not rotate reports: the expiry of the certificates in the Secret (read only),
+    so that every replica's gauges are true, not 0."""
+    try:
+        secret = kube.get(target.secret_path)
+    except KubeError as e:
+        log.debug("certificate Secret not read: %s", e)
+        return
+    data = _decode(secret.get("data"))
+    for key, gauge in ((CA_CRT, metrics.ca_expiry), (TLS_CRT, metrics.serving_expiry)):
+        certs = load_certs(data.get(key, b""))
+        if certs:
+            gauge.set(certs[0].not_valid_after_utc.timestamp())
+
+
+def _cycle_for_task(
+    kube: Kube, target: Target, clock: Callable[[], dt.datetime], metrics: CertsMetrics | None
+) -> None:
+    if sync_guarded(kube, target, clock(), metrics) is None:
+        raise RuntimeError("certs sync cycle failed (see above)")
+
+
 def run_loop(
     kube: Kube,
     target: Target,
@@ -240,13 +311,8 @@ def run_loop(
     clock: Callable[[], dt.datetime],
     metrics: CertsMetrics | None = None,
 ) -> None:
-    """Sync every `interval` seconds while holding the certs Lease, until `stop` is set. Meant for a
-    thread of a long-running process (the allocator) or `sparkgate certs sync --loop`."""
-    elector = LeaseElector(kube, target.namespace, contract.CERTS_LEASE, identity, duration=3 * interval)
-    try:
-        while not stop.is_set():
-            if elector.try_hold(clock()):
-                sync_guarded(kube, target, clock(), metrics)
-            stop.wait(interval)
-    finally:
-        elector.release()
+    """`certs sync --loop`: the certificate task in this thread, until `stop` is set; the Lease is given up
+    at the end."""
+    certs_task(
+        kube, target, identity=identity, interval=interval, stop=stop, clock=clock, metrics=metrics
+    ).run()

@@ -131,6 +131,9 @@ class SparkDriver:
                     items, rv = self.kube.list(path, label_selector=selector)
                     with self._lock:
                         self._pods = {_exec_id(p): p for p in items if _exec_id(p) is not None}  # type: ignore[misc]
+                        # Spark drops from its newly created executors those the snapshot knows
+                        # (ExecutorPodsAllocator: newlyCreatedExecutors --= k8sKnownExecIds).
+                        self._newly -= set(self._pods)
                 for kind, obj in self.kube.watch(
                     path, resource_version=rv, label_selector=selector, timeout_seconds=2
                 ):

@@ -115,6 +115,7 @@ class Store:
         self._rv = 1
         self._log: collections.deque[Event] = collections.deque(maxlen=compaction_window)
         self._floor = 2  # the oldest resourceVersion whose event is still in the log (or the next one)
+        self._undelivered: builtins.list[Event] = []  # compacted before the listeners got them
         self._listeners: list[Listener] = []
         self._dispatched = 1
         self._dispatch_lock = threading.Lock()
@@ -233,12 +234,15 @@ class Store:
         return [self._log[i] for i in range(start, len(self._log))]
 
     def compact(self) -> None:
-        """Forced compaction: every version up to now becomes too old (410) for watches and list tokens."""
+        """Forced compaction: every version up to now becomes too old (410) for watches and list tokens.
+        In-process listeners still get every event (compaction is etcd's history, not a lost change)."""
         with self._lock:
+            self._undelivered += [e for e in self._log if e.rv > self._dispatched]
             self._rv += 1  # the compaction's own revision: a list now returns a version still served
             self._floor = self._rv + 1
             self._log.clear()
             self.changed.notify_all()
+        self._dispatch()
 
     # --- in-process listeners -------------------------------------------------------------------------
 
@@ -265,7 +269,8 @@ class Store:
             try:
                 with self._lock:
                     start = max(self._dispatched, self._floor - 1)
-                    pending = self._events_after(start) if start < self._rv else []
+                    pending = self._undelivered + (self._events_after(start) if start < self._rv else [])
+                    self._undelivered = []
                     self._dispatched = self._rv
                     listeners = list(self._listeners)
                 for event in pending:

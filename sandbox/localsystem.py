@@ -92,7 +92,7 @@ def lease_holder(cluster: Cluster, lease: str = contract.ALLOCATOR_LEASE) -> str
 
 class AllocatorProcess:
     """`sparkgate allocator` in its own process group (kill takes all of it), as the allocator's service
-    account, serving /metrics and /apps on a loopback port."""
+    account, serving /metrics and /apps on a loopback port, without certificate rotation."""
 
     def __init__(
         self,
@@ -106,6 +106,7 @@ class AllocatorProcess:
         renew_deadline: float = 1.5,
         retry_period: float = 0.3,
         log_level: str = "info",
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.identity = identity
         self.port = free_port()
@@ -119,6 +120,8 @@ class AllocatorProcess:
             "--tick", str(tick), "--lease-duration", str(lease_duration),
             "--renew-deadline", str(renew_deadline), "--retry-period", str(retry_period),
             "--log-level", log_level,
+            # The local webhook brings its own certificate: rotation here would inject another CA.
+            "--no-certs", *extra_args,
         ]  # fmt: skip
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(

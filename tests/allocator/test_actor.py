@@ -70,7 +70,9 @@ def test_a_stale_release_stops_its_app_only_and_other_gates_stay(cluster: Cluste
     actions = [Release(a1.app, a1), Release(a2.app, stale), Release(a3.app, a3)]
     actions += [Release(b1.app, b1), Release(b2.app, b2)]
     done = actor.submit(actions)
-    assert {app: future.result() for app, future in done.items()} == {a1.app: False, b1.app: True}
+    results = {app: future.result() for app, future in done.items()}
+    assert {app: r.ok for app, r in results.items()} == {a1.app: False, b1.app: True}
+    assert results[a1.app].released == [a1.uid] and results[b1.app].released == [b1.uid, b2.uid]
     assert gates(cluster, a1.name) == ["other.io/gate"]  # released before the stale one
     assert gates(cluster, a2.name) == ["other.io/gate", contract.GATE]  # the failed test changed nothing
     assert gates(cluster, a3.name) == ["other.io/gate", contract.GATE]  # dropped: the app is re-decided

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocator.decision import decide, in_flight_counts
+from allocator.decision import InFlightCounts, decide
 from allocator.model import (
     AppMemory,
     AppView,
@@ -215,8 +215,7 @@ def test_annotations_lower_limits_clamped_and_malformed_ones_warned() -> None:
 
 def test_deleted_executor_ids_are_never_released_again() -> None:
     pods = [pod("a", 1), pod("a", 2)]
-    memory = {AppKey("spark", "a"): AppMemory(deleted_exec_ids={1})}
-    d = decide(snap(view("a", pods)), policy(), 100.0, memory)
+    d = decide(snap(view("a", pods)), policy(), 100.0, {}, deleted_exec_ids={AppKey("spark", "a"): {1}})
     assert released(d) == ["a-exec-2"]
     assert [(a.pod.name, a.reason) for a in d.actions if isinstance(a, DeletePod)] == [
         ("a-exec-1", DeletionReason.ID_REUSE)
@@ -299,7 +298,7 @@ def test_releases_never_exceed_any_limit(
     snapshot, memory = state
     pol = policy(batch=batch, per_app=per_app, per_ns=per_ns, cluster=cluster)
     d = decide(snapshot, pol, 100.0, memory)
-    per_namespace_before, total_before = in_flight_counts(snapshot)
+    per_namespace_before, total_before = InFlightCounts()(snapshot)
     by_app: dict[AppKey, int] = {}
     by_ns: dict[str, int] = {}
     for action in d.actions:

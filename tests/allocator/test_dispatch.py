@@ -1,8 +1,8 @@
 """The loop hands each decision's actions to the actor and goes on deciding (allocator/loop.py, `_dispatch`):
 while an app's actions are being carried out, its releases count as in flight for the other apps' budgets,
 the app itself is not decided again (a change is deferred to their end), and a failed write makes it
-re-decided with what was not released no longer counted. The actor is replaced by one whose work the test
-finishes by hand; the Lease is taken on kubesim over HTTP."""
+re-decided with what was not released no longer counted. The parts are assembled as the command does; the
+actor is replaced by one whose work the test finishes by hand; the Lease is taken on kubesim over HTTP."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from allocator.actor import AppResult
+from allocator.commands import assemble
 from allocator.loop import Controller, Options
 from allocator.metrics import AllocatorMetrics
 from allocator.model import Action, Release
@@ -32,19 +34,22 @@ class HeldActor:
 
     def __init__(self) -> None:
         self.given: list[Action] = []
-        self.pending: dict[AppKey, Future[bool]] = {}
+        self.pending: dict[AppKey, tuple[Future[AppResult], list[str]]] = {}
 
-    def submit(self, actions: Iterable[Action]) -> dict[AppKey, Future[bool]]:
-        futures: dict[AppKey, Future[bool]] = {}
+    def submit(self, actions: Iterable[Action]) -> dict[AppKey, Future[AppResult]]:
+        futures: dict[AppKey, Future[AppResult]] = {}
         for action in actions:
             assert action.app not in self.pending, f"{action.app} was given actions while busy"
             self.given.append(action)
             futures.setdefault(action.app, Future())
-        self.pending.update(futures)
+        for app, future in futures.items():
+            uids = [a.pod.uid for a in self.given if isinstance(a, Release) and a.app == app]
+            self.pending[app] = (future, uids)
         return futures
 
     def finish(self, app: AppKey, ok: bool) -> None:
-        self.pending.pop(app).set_result(ok)
+        future, uids = self.pending.pop(app)
+        future.set_result(AppResult(ok, uids if ok else []))
 
     def releases(self) -> list[str]:
         given, self.given = self.given, []
@@ -81,7 +86,8 @@ def controller(tmp_path: Path) -> Iterator[tuple[Controller, HeldActor]]:
     with Cluster(nodes=1) as cluster:
         kube = Kube.from_kubeconfig(str(cluster.kubeconfig("admin")))
         policy = write_policy(tmp_path / "policy.yaml", batch=4, delay=0, per_app=10, per_ns=10, cluster=4)
-        c = Controller(kube, PolicySource(str(policy), "sparkgate-system"), Options(), AllocatorMetrics())
+        source = PolicySource(str(policy), "sparkgate-system")
+        c = assemble(kube, source, Options(backoff_base=0.0), AllocatorMetrics()).controller
         c.actor.close()
         actor = HeldActor()
         c.actor = actor  # type: ignore[assignment]
@@ -89,39 +95,40 @@ def controller(tmp_path: Path) -> Iterator[tuple[Controller, HeldActor]]:
         c.cache.drivers_replace([])
         c.cache.config_maps_replace([], source=True)
         c.cache.config_maps_replace([], source=False)
-        assert c.cache.is_synced and c.elector.try_acquire_or_renew()
+        assert c.cache.is_synced and c.histories.load() and c.elector.try_acquire_or_renew()
         yield c, actor
         kube.close()
 
 
-def dirty(c: Controller) -> set[AppKey]:
-    with c._wake:
-        found, c._dirty = c._dirty, set()
-    return found
+def take(c: Controller) -> set[AppKey]:
+    return c.queue.get(0)
 
 
 def test_dispatched_releases_count_and_a_busy_app_waits_for_its_actions(
     controller: tuple[Controller, HeldActor],
 ) -> None:
     c, actor = controller
-    assert dirty(c) == {A, B}  # the cache's news of both apps
-    c.step({A, B}, [], everything=False)
+    assert take(c) == {A, B}  # the cache's news of both apps
+    c.step({A, B})
     # The cluster budget (4) goes to app-a; its releases are still being sent.
     assert actor.releases() == [f"app-a-exec-{i}" for i in range(1, 5)]
     actor.finish(B, True)  # app-b's Waiting event
-    assert dirty(c) == set()  # nothing changed for it
+    assert take(c) == set()  # nothing changed for it
     # app-b is decided while app-a's PATCHes are in flight: they count, so it gets nothing.
-    c.step({B}, [], everything=False)
+    c.queue.add({B})
+    c.step(take(c))
     assert actor.releases() == []
     actor.finish(B, True)
-    # app-a changes while busy: not decided now, but once its actions are done.
-    c.step({A}, [], everything=False)  # (the actor refuses actions for a busy app)
+    # app-a changes while busy: not taken now, but once its actions are done.
+    c.queue.add({A})
+    assert take(c) == set()
+    c.queue.add({A, B})  # a tick adds every app: only the idle ones are taken
+    assert take(c) == {B}
+    c.step({B})
     assert actor.releases() == []
-    c.step(set(), [], everything=True)  # a tick decides every app but the busy ones
-    assert actor.releases() == []
-    actor.pending.pop(B, Future()).set_result(True)
+    actor.finish(B, True)
     # A write of app-a failed: what it did not release is no longer in flight, and it is decided again.
     actor.finish(A, False)
-    assert dirty(c) == {A}
-    c.step({A}, [], everything=False)
+    assert take(c) == {A}
+    c.step({A})
     assert actor.releases() == [f"app-a-exec-{i}" for i in range(1, 5)]

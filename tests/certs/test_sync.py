@@ -18,7 +18,7 @@ import pytest
 from cryptography import x509
 from prometheus_client import CollectorRegistry
 
-from certs.lease import LeaseElector, may_take
+from allocator.leader import LeaderElector
 from certs.pki import make_ca
 from certs.plan import CA_CRT, NEXT_CRT, PREVIOUS_CRT, TLS_CRT, Lifetimes, Step, load_certs
 from certs.sync import CertsMetrics, Target, run_loop, sync_guarded, sync_once
@@ -147,24 +147,57 @@ def test_missing_configuration_is_reported_not_fatal(cluster: Cluster, kube: Kub
     assert len(result.injected) == 2
 
 
-def test_one_lease_holder_at_a_time(cluster: Cluster, kube: Kube) -> None:
-    a = LeaseElector(kube, "sparkgate-system", "sparkgate-certs", "pod-a", duration=180)
-    b = LeaseElector(kube, "sparkgate-system", "sparkgate-certs", "pod-b", duration=180)
-    assert a.try_hold(T0) and not b.try_hold(T0 + dt.timedelta(seconds=60))
-    assert a.try_hold(T0 + dt.timedelta(seconds=60))
-    assert not b.try_hold(T0 + dt.timedelta(seconds=200))  # renewed at 60 s: good until 240 s
-    assert b.try_hold(T0 + dt.timedelta(seconds=241)) and not a.try_hold(T0 + dt.timedelta(seconds=242))
+def test_one_lease_holder_at_a_time_taken_over_after_locally_observed_expiry(
+    cluster: Cluster, kube: Kube
+) -> None:
+    """The certificate Lease uses the allocator's elector (client-go's rules): a candidate takes a Lease
+    only once it has seen it unchanged for leaseDurationSeconds on its own clock."""
+    now = [0.0]
+
+    def elector(identity: str) -> LeaderElector:
+        return LeaderElector(
+            kube, "sparkgate-system", "sparkgate-certs", identity, lease_duration=15, monotonic=lambda: now[0]
+        )
+
+    a, b = elector("pod-a"), elector("pod-b")
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
+    now[0] = 10
+    assert a.try_acquire_or_renew()
+    now[0] = 20
+    assert not b.try_acquire_or_renew()  # it changed since b last looked: b's 15 s start again
+    now[0] = 34
+    assert not b.try_acquire_or_renew()
+    now[0] = 36
+    assert b.try_acquire_or_renew() and not a.try_acquire_or_renew()
     b.release()
-    assert a.try_hold(T0 + dt.timedelta(seconds=243))
+    assert a.try_acquire_or_renew()
     lease = cluster.store.get("leases", "sparkgate-system", "sparkgate-certs")
     assert lease["spec"]["holderIdentity"] == "pod-a" and lease["spec"]["leaseTransitions"] == 2
 
 
-def test_may_take() -> None:
-    spec = {"holderIdentity": "x", "renewTime": "2026-01-01T00:00:00.000000Z", "leaseDurationSeconds": 10}
-    assert not may_take(spec, "y", T0 + dt.timedelta(seconds=9))
-    assert may_take(spec, "y", T0 + dt.timedelta(seconds=10))
-    assert may_take(spec, "x", T0) and may_take({}, "y", T0)
+def test_a_renew_time_from_a_skewed_clock_does_not_hand_the_lease_over(cluster: Cluster, kube: Kube) -> None:
+    """The holder's clock is years behind: its renewTime says expired, but it keeps renewing. The remote
+    wall clock is never compared with ours."""
+    cluster.store.create(
+        "leases",
+        {
+            "metadata": {"name": "sparkgate-certs", "namespace": "sparkgate-system"},
+            "spec": {
+                "holderIdentity": "skewed",
+                "leaseDurationSeconds": 15,
+                "renewTime": "2001-01-01T00:00:00.000000Z",
+            },
+        },
+    )
+    now = [0.0]
+    b = LeaderElector(
+        kube, "sparkgate-system", "sparkgate-certs", "pod-b", lease_duration=15, monotonic=lambda: now[0]
+    )
+    assert not b.try_acquire_or_renew()
+    now[0] = 14
+    assert not b.try_acquire_or_renew()
+    now[0] = 15  # seen unchanged for a whole lease duration here: the holder is gone
+    assert b.try_acquire_or_renew()
 
 
 def test_cli_sync_once_and_generate(

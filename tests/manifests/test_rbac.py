@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from certs.lease import LeaseElector
+from allocator.leader import LeaderElector
 from certs.plan import Lifetimes
 from certs.sync import Target, sync_once
 from kubesim.cluster import Cluster
@@ -172,8 +172,8 @@ def live_certs_requests(tmp_path: Path) -> list[tuple[str, str, str, str | None]
             cluster.store.create(f"{kind}webhookconfigurations", config)
         kube = Kube.from_kubeconfig(str(cluster.add_user(contract.ALLOCATOR_USER)))
         now = dt.datetime.now(dt.UTC)
-        elector = LeaseElector(kube, "sparkgate-system", "sparkgate-certs", "pod-a", duration=180)
-        assert elector.try_hold(now) and elector.try_hold(now)
+        elector = LeaderElector(kube, "sparkgate-system", "sparkgate-certs", "pod-a")
+        assert elector.try_acquire_or_renew() and elector.try_acquire_or_renew()
         sync_once(kube, Target(), now)
         sync_once(kube, Target(lifetimes=Lifetimes(ca_renew_before=Lifetimes.ca)), now)
         elector.release()

@@ -1,0 +1,231 @@
+"""Failures contained and visible, with the allocator assembled in this process exactly as `sparkgate
+allocator` assembles it (allocator/commands.py `assemble`), against kubesim over HTTP:
+
+- a reflector whose handler raises is restarted from a fresh list and counted, and the cache goes on;
+- `/healthz` fails, naming the watch, while a reflector is wedged, and is healthy again once it moves;
+  `/readyz` fails while a watch cannot be re-established, and recovers;
+- a corrupt deletion history is logged, counted, set aside and replaced: the allocator starts and acts;
+- an exception in one app's decision does not stop the others (decision.py).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from allocator import decision
+from allocator.commands import Allocator, assemble
+from allocator.deletions import HISTORY_LABEL, History, history_name
+from allocator.http import StatusServer
+from allocator.loop import Options
+from allocator.metrics import AllocatorMetrics
+from allocator.model import AppView, PodRecord, Release, Snapshot
+from kubesim.cluster import Cluster
+from sparkgate import contract
+from sparkgate.contract import AppKey
+from sparkgate.kube import Kube
+from sparkgate.policy_file import PolicySource
+
+from .conftest import write_policy
+
+NS = contract.INSTALL_NAMESPACE
+
+
+@dataclass
+class Running:
+    cluster: Cluster
+    allocator: Allocator
+    metrics: AllocatorMetrics
+    server: StatusServer
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.server.port}{path}", timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def sample(self, name: str, labels: dict[str, str] | None = None) -> float:
+        return self.metrics.registry.get_sample_value(name, labels or {}) or 0.0
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Any]:
+    """start(before=callback(cluster), **options) -> Running; everything stopped after the test."""
+    started: list[tuple[Running, threading.Thread, Kube]] = []
+    clusters: list[Cluster] = []
+
+    def run(before: Any = None, **options: Any) -> Running:
+        cluster = Cluster(nodes=2, bookmark_interval=0.2).start()
+        clusters.append(cluster)
+        cluster.add_namespace("spark")
+        if before is not None:
+            before(cluster)
+        kube = Kube.from_kubeconfig(str(cluster.add_user(contract.ALLOCATOR_USER)))
+        metrics = AllocatorMetrics()
+        policy = PolicySource(str(write_policy(tmp_path / "policy.yaml")), NS)
+        allocator = assemble(
+            kube, policy, Options(identity="alloc-1", tick=0.2, retry_period=0.2, **options), metrics
+        )
+        server = StatusServer(allocator.controller, allocator.extender, "127.0.0.1", 0)
+        server.start()
+        allocator.start()
+        loop = threading.Thread(target=allocator.controller.run, daemon=True)
+        loop.start()
+        running = Running(cluster, allocator, metrics, server)
+        started.append((running, loop, kube))
+        cluster.wait_for(lambda: running.get("/readyz")[0] == 200, timeout=30, what="the allocator ready")
+        return running
+
+    yield run
+    for running, loop, kube in started:
+        running.allocator.stop.set()
+        loop.join(timeout=30)
+        running.allocator.shutdown()
+        running.server.stop()
+        kube.close()
+    for cluster in clusters:
+        cluster.stop()
+
+
+def executor(name: str, app: str = "app-1", exec_id: int = 1) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "spark",
+            "labels": {
+                contract.LABEL_ROLE: contract.ROLE_EXECUTOR,
+                contract.LABEL_APP_ID: app,
+                contract.LABEL_EXEC_ID: str(exec_id),
+            },
+            "annotations": {contract.ANNOTATION_PROFILE: "spark"},
+        },
+        "spec": {
+            "containers": [{"name": "spark-kubernetes-executor", "image": "spark"}],
+            "schedulingGates": [{"name": contract.GATE}],
+        },
+    }
+
+
+def test_a_reflector_that_raises_is_restarted_counted_and_the_cache_goes_on(start: Any) -> None:
+    running = start()
+    reflector = next(r for r in running.allocator.controller.reflectors if r.name == "executors")
+    handler = reflector.on_event
+    raised = threading.Event()
+
+    def faulty(kind: str, obj: dict[str, Any]) -> None:
+        if obj["metadata"]["name"] == "poison" and not raised.is_set():
+            raised.set()
+            raise KeyError("a handler's bug")
+        handler(kind, obj)
+
+    reflector.on_event = faulty
+    running.cluster.store.create("pods", executor("poison"))
+    running.cluster.store.create("pods", executor("after", exec_id=2))
+    cache = running.allocator.controller.cache
+    running.cluster.wait_for(
+        lambda: {"poison", "after"} <= {p.name for v in cache.snapshot().apps.values() for p in v.pods},
+        timeout=30,
+        what="both pods in the cache after the restart",
+    )
+    assert running.sample("sparkgate_allocator_reflector_crashes_total", {"watch": "executors"}) == 1
+    assert reflector.thread.is_alive()
+    running.cluster.wait_for(lambda: running.get("/readyz")[0] == 200, timeout=30, what="ready again")
+
+
+def test_healthz_fails_while_a_reflector_is_wedged_and_recovers(start: Any) -> None:
+    running = start(stall_after=1.0)
+    assert running.get("/healthz") == (200, "ok\n")
+    reflector = next(r for r in running.allocator.controller.reflectors if r.name == "executors")
+    handler = reflector.on_event
+    unwedge = threading.Event()
+
+    def stuck(kind: str, obj: dict[str, Any]) -> None:
+        if obj["metadata"]["name"] == "wedge":
+            unwedge.wait(120)
+        handler(kind, obj)
+
+    reflector.on_event = stuck
+    running.cluster.store.create("pods", executor("wedge"))
+    running.cluster.wait_for(
+        lambda: running.get("/healthz")[0] == 503, timeout=60, what="/healthz to report the stall"
+    )
+    code, body = running.get("/healthz")
+    assert code == 503 and "watch executors: no progress" in body and "loop" not in body
+    unwedge.set()
+    running.cluster.wait_for(lambda: running.get("/healthz")[0] == 200, timeout=60, what="healthy again")
+
+
+def test_readyz_fails_while_a_watch_cannot_be_re_established(start: Any) -> None:
+    running = start()
+    faults = running.cluster.faults
+    faults.fail("watch", "configmaps", 403, count=None)
+    faults.fail("list", "configmaps", 403, count=None)
+    faults.drop_watches("configmaps")
+    running.cluster.wait_for(lambda: running.get("/readyz")[0] == 503, timeout=30, what="not ready")
+    faults.clear()
+    running.cluster.wait_for(lambda: running.get("/readyz")[0] == 200, timeout=60, what="ready again")
+
+
+def test_a_corrupt_history_is_set_aside_and_replaced_never_a_crash(start: Any) -> None:
+    good_key, bad_key = AppKey("spark", "good"), AppKey("spark", "bad")
+
+    def histories(cluster: Cluster) -> None:
+        good = History()
+        good.exec_ids = {1}
+        for key, data in ((good_key, good.to_dict()), (bad_key, None)):
+            cluster.store.create(
+                "configmaps",
+                {
+                    "metadata": {
+                        "name": history_name(key),
+                        "namespace": NS,
+                        "labels": {HISTORY_LABEL: "true"},
+                        "annotations": {"sparkgate.io/app": str(key)},
+                    },
+                    "data": {"history.json": "{not json" if data is None else json.dumps(data)},
+                },
+            )
+
+    running = start(before=histories)
+    store = running.cluster.store
+    assert running.sample("sparkgate_allocator_history_corrupt_total") == 1
+    names = {c["metadata"]["name"]: c for c in store.list_objects("configmaps", NS)[0]}
+    aside = [c for n, c in names.items() if n.startswith(history_name(bad_key) + "-corrupt-")]
+    assert len(aside) == 1 and aside[0]["metadata"]["labels"][HISTORY_LABEL] == "corrupt"
+    assert aside[0]["data"] == {"history.json": "{not json"}
+    assert history_name(bad_key) not in names and history_name(good_key) in names
+    # The good history is in force: executor id 1 of "good" was deleted before, so a new pod 1 is refused.
+    store.create("pods", executor("good-exec-1", app="good", exec_id=1))
+    running.cluster.wait_for(
+        lambda: not store.list_objects("pods", "spark")[0], timeout=30, what="the reused id deleted"
+    )
+
+
+def test_an_exception_in_one_apps_decision_does_not_stop_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    from .test_decision import pod, policy, view
+
+    original = decision._profile
+
+    def broken(pol: Any, pods: list[PodRecord]) -> Any:
+        if pods and pods[0].app_id == "bad":
+            raise ValueError("a record no rule expected")
+        return original(pol, pods)
+
+    monkeypatch.setattr(decision, "_profile", broken)
+    views: list[AppView] = [view("bad", [pod("bad", 1)]), view("good", [pod("good", 1)])]
+    snapshot = Snapshot({v.key: v for v in views}, frozenset())
+    d = decision.decide(snapshot, policy(), 100.0, {})
+    assert (
+        list(d.errors) == [AppKey("spark", "bad")]
+        and "a record no rule expected" in d.errors[AppKey("spark", "bad")]
+    )
+    assert [a.pod.name for a in d.actions if isinstance(a, Release)] == ["good-exec-1"]

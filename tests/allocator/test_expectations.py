@@ -1,0 +1,70 @@
+"""Expectations (allocator/expectations.py): a gate removal or a delete counts from the moment it is sent
+until the watch shows it, is forgotten when the write failed, and expires if the watch never shows it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from allocator.expectations import BindTimes, Expectations
+from allocator.model import AppView, PodRecord, Snapshot
+from sparkgate.contract import AppKey
+
+KEY = AppKey("spark", "a")
+
+
+def pod(uid: str, *, gated: bool = True, deleting: bool = False, node: str | None = None) -> PodRecord:
+    return PodRecord(
+        "spark", f"a-{uid}", uid, "a", int(uid), "0", gated, "spark", node, "Pending", deleting, 0.0,
+        gate_index=0 if gated else None,
+    )  # fmt: skip
+
+
+def snap(*pods: PodRecord) -> Snapshot:
+    return Snapshot({KEY: AppView(KEY, pods, None, False, frozenset())}, frozenset())
+
+
+def pods_of(snapshot: Snapshot) -> dict[str, tuple[bool, bool]]:
+    return {p.uid: (p.gated, p.deleting) for p in snapshot.apps[KEY].pods}
+
+
+def test_a_release_counts_as_done_until_the_watch_shows_it() -> None:
+    now = [0.0]
+    e = Expectations(expiry=60, monotonic=lambda: now[0])
+    s = snap(pod("1"), pod("2"))
+    assert e.apply(s) is s  # nothing expected: the same snapshot
+    e.released(["1"])
+    assert pods_of(e.apply(s)) == {"1": (False, False), "2": (True, False)}
+    e.observe(pod("1"), replace(pod("1"), gated=False, gate_index=None))
+    assert len(e) == 0 and pods_of(e.apply(s)) == {"1": (True, False), "2": (True, False)}
+
+
+def test_a_failed_release_is_forgotten_and_an_unseen_one_expires() -> None:
+    now = [0.0]
+    e = Expectations(expiry=60, monotonic=lambda: now[0])
+    e.released(["1", "2"])
+    e.failed(["2"])
+    assert pods_of(e.apply(snap(pod("1"), pod("2")))) == {"1": (False, False), "2": (True, False)}
+    now[0] = 61  # a relist replaced the pod and the watch never showed the change: the cache wins again
+    assert pods_of(e.apply(snap(pod("1"), pod("2")))) == {"1": (True, False), "2": (True, False)}
+    assert len(e) == 0
+
+
+def test_a_delete_counts_until_the_watch_shows_the_pod_deleting_or_gone() -> None:
+    e = Expectations()
+    e.deleted("1")
+    assert pods_of(e.apply(snap(pod("1")))) == {"1": (True, True)}
+    e.observe(pod("1"), None)  # the watch: DELETED
+    assert len(e) == 0
+    e.deleted("2")
+    e.observe(pod("2"), pod("2", deleting=True))
+    assert len(e) == 0
+
+
+def test_release_to_bind_is_measured_once_when_the_pod_gets_a_node() -> None:
+    seen: list[tuple[str, float]] = []
+    times = BindTimes(lambda ns, seconds: seen.append((ns, seconds)), clock=lambda: 12.5)
+    times.released("1", 10.0)
+    times.observe(pod("1"), pod("1", gated=False))  # released, not bound yet
+    times.observe(pod("1", gated=False), pod("1", gated=False, node="n1"))
+    times.observe(pod("1", gated=False, node="n1"), pod("1", gated=False, node="n1"))
+    assert seen == [("spark", 2.5)]

@@ -1,0 +1,99 @@
+"""The work queue (allocator/workqueue.py) on an injected clock: de-duplication, one decision at a time per
+app, requeue-after, and per-app exponential backoff that holds an app whatever adds it, capped, reset by a
+success."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+from allocator.workqueue import Backoff, WorkQueue
+from sparkgate.contract import AppKey
+
+A, B = AppKey("spark", "a"), AppKey("spark", "b")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def queue(base: float = 1.0, cap: float = 8.0) -> tuple[WorkQueue, Clock]:
+    clock = Clock()
+    return WorkQueue(Backoff(base, cap), monotonic=clock), clock
+
+
+def test_backoff_doubles_and_is_capped() -> None:
+    assert [Backoff(0.5, 10.0).delay(n) for n in range(1, 8)] == [0.5, 1, 2, 4, 8, 10, 10]
+    assert Backoff(1.0, 60.0).delay(10_000) == 60.0
+
+
+def test_adds_are_deduplicated_and_an_app_is_taken_once_at_a_time() -> None:
+    q, _ = queue()
+    q.add([A, A, B])
+    q.add([A])
+    assert q.get(0) == {A, B}
+    q.add([A])  # changed while being decided: taken again only after done
+    assert q.get(0) == set()
+    q.done(A)
+    q.done(B)
+    assert q.get(0) == {A}
+    q.done(A)
+    assert q.get(0) == set()
+
+
+def test_requeue_after_makes_an_app_ready_at_its_time() -> None:
+    q, clock = queue()
+    q.add_after(A, 5.0)
+    q.add_after(A, 3.0)  # the earlier of two times
+    clock.now = 2.9
+    assert q.get(0) == set()
+    clock.now = 3.0
+    assert q.get(0) == {A}
+
+
+def test_a_failure_holds_the_app_for_its_backoff_whatever_adds_it_then_success_resets() -> None:
+    q, clock = queue(base=1.0, cap=4.0)
+    q.add([A])
+    attempts = []
+    for _ in range(6):  # a persistent failure, the app re-added all the time (watch events, ticks)
+        taken = set()
+        while not taken:
+            q.add([A])
+            taken = q.get(0)
+            if not taken:
+                clock.now += 0.25
+        attempts.append(clock.now)
+        q.done(A, ok=False)
+    assert [b - a for a, b in itertools.pairwise(attempts)] == [1.0, 2.0, 4.0, 4.0, 4.0]
+    assert q.failures() == {A: (6, 4.0)}
+    clock.now += 4.0
+    assert q.get(0) == {A}
+    q.done(A, ok=True)
+    assert q.failures() == {}
+    q.add([A])
+    assert q.get(0) == {A}  # no backoff left
+
+
+def test_a_decision_without_writes_leaves_the_backoff_as_it_is() -> None:
+    q, clock = queue(base=2.0)
+    q.add([A])
+    q.get(0)
+    q.done(A, ok=False)
+    clock.now = 2.0
+    assert q.get(0) == {A}
+    q.done(A)  # decided, nothing to write (e.g. the limits bind)
+    assert q.failures() == {A: (1, 0.0)}
+    q.forget({B})  # A is gone from the cluster: its backoff with it
+    assert q.failures() == {}
+
+
+def test_get_waits_for_an_add_from_another_thread_and_close_wakes_it() -> None:
+    q = WorkQueue(Backoff())
+    threading.Timer(0.05, q.add, args=([A],)).start()
+    assert q.get(30) == {A}
+    threading.Timer(0.05, q.close).start()
+    assert q.get(30) == set()
