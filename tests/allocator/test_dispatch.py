@@ -1,8 +1,9 @@
 """The loop hands each decision's actions to the actor and goes on deciding (allocator/loop.py, `_dispatch`):
 while an app's actions are being carried out, its releases count as in flight for the other apps' budgets,
 the app itself is not decided again (a change is deferred to their end), and a failed write (or an exception
-in its actions, counted) makes it re-decided after its backoff with what was not released no longer counted. The parts are assembled as the command does; the
-actor is replaced by one whose work the test finishes by hand; the Lease is taken on kubesim over HTTP."""
+in its actions, counted) makes it re-decided after its backoff with what was not released no longer
+counted. The parts are assembled as the command does; the actor is replaced by one whose work the test
+finishes by hand; the Lease is taken on kubesim over HTTP."""
 
 from __future__ import annotations
 
