@@ -1,8 +1,9 @@
 """The loop hands each decision's actions to the actor and goes on deciding (allocator/loop.py, `_dispatch`):
 while an app's actions are being carried out, its releases count as in flight for the other apps' budgets,
-the app itself is not decided again (a change is deferred to their end), and a failed write makes it
-re-decided with what was not released no longer counted. The parts are assembled as the command does; the
-actor is replaced by one whose work the test finishes by hand; the Lease is taken on kubesim over HTTP."""
+the app itself is not decided again (a change is deferred to their end), and a failed write (or an exception
+in its actions, counted) makes it re-decided after its backoff with what was not released no longer
+counted. The parts are assembled as the command does; the actor is replaced by one whose work the test
+finishes by hand; the Lease is taken on kubesim over HTTP."""
 
 from __future__ import annotations
 
@@ -132,3 +133,21 @@ def test_dispatched_releases_count_and_a_busy_app_waits_for_its_actions(
     assert take(c) == {A}
     c.step({A})
     assert actor.releases() == [f"app-a-exec-{i}" for i in range(1, 5)]
+
+
+def test_an_exception_in_one_apps_actions_is_counted_and_that_app_backs_off(
+    controller: tuple[Controller, HeldActor],
+) -> None:
+    c, actor = controller
+    c.step(take(c))
+    assert actor.releases() == [f"app-a-exec-{i}" for i in range(1, 5)]
+    future, _ = actor.pending.pop(A)
+    future.set_exception(RuntimeError("a bug in an action"))  # app-a's thread of the actor raised
+    actor.finish(B, True)
+    assert c.metrics.registry.get_sample_value("sparkgate_allocator_decision_errors_total") == 1
+    assert c.queue.failures() == {A: (1, 0.0)}  # backing off (0 s here), its releases no longer in flight
+    assert take(c) == {A}
+    c.step({A})
+    assert [n for n in actor.releases() if n.startswith("app-a")][-4:] == [
+        f"app-a-exec-{i}" for i in range(1, 5)
+    ]
