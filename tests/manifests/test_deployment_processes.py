@@ -252,9 +252,10 @@ def pod(kustomize: ModuleType, tmp_path: Path) -> Iterator[tuple[Kubelet, Cluste
     objects = kustomize.by_kind(kustomize.build(REPO / "manifests"))
     with Cluster(nodes=1, namespaces=("default", "kube-system", "sparkgate-system", "spark-jobs")) as cluster:
         cluster.admission._context = service_context  # type: ignore[method-assign]
-        for kind in ("Mutating", "Validating"):
-            config = objects[(f"{kind}WebhookConfiguration", "sparkgate")]
-            cluster.store.create(f"{kind.lower()}webhookconfigurations", copy.deepcopy(config))
+        # The base installs the mutating webhook only (gate protection is a ValidatingAdmissionPolicy).
+        for (kind, _), config in objects.items():
+            if kind.endswith("WebhookConfiguration"):
+                cluster.store.create(f"{kind.lower()}s", copy.deepcopy(config))
         kubelet = Kubelet(cluster, objects, tmp_path)
         try:
             yield kubelet, cluster
