@@ -26,10 +26,10 @@ from sparkgate import contract
 if TYPE_CHECKING:
     from certs.sync import Target
     from sparkgate.kube import Kube
+    from sparkgate.leader import LeaderTask
     from sparkgate.policy_file import PolicySource
 
     from .extender import Extender
-    from .leader import LeaderTask
     from .loop import Controller, Options
     from .metrics import AllocatorMetrics
 
@@ -130,13 +130,14 @@ def assemble(
 ) -> Allocator:
     """The allocator's parts and who feeds whom (the threading model is in allocator/loop.py):
     reflectors -> cache -> (work queue, expectations, release-to-bind times, gone pods) -> loop -> actor."""
+    from sparkgate.leader import LeaderElector, LeaderTask
+
     from .actor import Actor
     from .cache import Cache, Reflector
     from .deletions import HISTORY_LABEL, HistoryStore
     from .expectations import BindTimes, Expectations
     from .extender import Extender
     from .health import Health
-    from .leader import LeaderElector, LeaderTask
     from .loop import Controller
     from .nodes import placement_reflectors
     from .placement import Placement

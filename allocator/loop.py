@@ -38,6 +38,7 @@ from typing import Any
 
 from sparkgate import contract
 from sparkgate.contract import AppKey
+from sparkgate.leader import LeaderElector
 from sparkgate.policy_file import PolicySource
 
 from .actor import Actor, AppResult
@@ -46,7 +47,6 @@ from .decision import AppSettings, InFlightCounts, decide
 from .deletions import HistoryStore, classify
 from .expectations import BindTimes, Expectations
 from .health import Health
-from .leader import LeaderElector
 from .metrics import AllocatorMetrics
 from .model import Action, AppMemory, AppView, DeletePod, PodRecord, Release, Snapshot
 from .status import app_document, apps_document, observe_apps

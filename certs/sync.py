@@ -26,9 +26,9 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
-from allocator.leader import LeaderElector, LeaderTask
 from sparkgate import contract
 from sparkgate.kube import Conflict, Kube, KubeError, NotFound
+from sparkgate.leader import LeaderElector, LeaderTask
 
 from .material import advance
 from .pki import service_dns_names

@@ -18,13 +18,13 @@ import pytest
 from cryptography import x509
 from prometheus_client import CollectorRegistry
 
-from allocator.leader import LeaderElector
 from certs.pki import make_ca
 from certs.plan import CA_CRT, NEXT_CRT, PREVIOUS_CRT, TLS_CRT, Lifetimes, Step, load_certs
 from certs.sync import CertsMetrics, Target, run_loop, sync_guarded, sync_once
 from kubesim.cluster import Cluster
 from sparkgate.cli import main
 from sparkgate.kube import Kube
+from sparkgate.leader import LeaderElector
 
 SA = "system:serviceaccount:sparkgate-system:sparkgate-allocator"
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

@@ -5,7 +5,7 @@ or `request(METHOD, path)`). This test reads allocator/*.py and certs/*.py with 
 each call, the verb and the path template: a literal or f-string path, a `self.<attr>` assigned an f-string,
 a method or module function returning one, or a module constant; a `Reflector(kube, name, path, ...)`
 lists and watches its path. A call whose path it cannot derive fails the test, so new code keeps its
-paths readable. sparkgate/probe.py, which the allocator runs, is read too. The union is compared with the rendered ClusterRole and Role, rule by rule and verb by verb.
+paths readable. sparkgate/probe.py and sparkgate/leader.py, which the allocator runs, are read too. The union is compared with the rendered ClusterRole and Role, rule by rule and verb by verb.
 Then certs sync really runs on kubesim as the allocator's service account, and every request it made must
 be allowed by the same rules (resourceNames included).
 """
@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
-from allocator.leader import LeaderElector
 from certs.plan import Lifetimes
 from certs.sync import Target, sync_once
 from kubesim.cluster import Cluster
 from sparkgate import contract
 from sparkgate.kube import Kube
+from sparkgate.leader import LeaderElector
 
 REPO = Path(__file__).resolve().parents[2]
 Obj = dict[str, Any]
@@ -140,9 +140,11 @@ def uses_in(path: Path) -> Iterator[Use]:
 
 
 def code_uses() -> list[Use]:
-    """allocator/, certs/, and the policy probe that the allocator runs (sparkgate/probe.py)."""
+    """allocator/, certs/, and what they run from the core: the policy probe (sparkgate/probe.py) and the
+    Lease elector (sparkgate/leader.py)."""
     files = [p for d in ("allocator", "certs") for p in sorted((REPO / d).glob("*.py"))]
-    return [u for p in [*files, REPO / "sparkgate" / "probe.py"] for u in uses_in(p)]
+    core = [REPO / "sparkgate" / "probe.py", REPO / "sparkgate" / "leader.py"]
+    return [u for p in [*files, *core] for u in uses_in(p)]
 
 
 def rules(rendered: dict[tuple[str, str], Obj]) -> list[Obj]:

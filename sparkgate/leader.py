@@ -1,4 +1,4 @@
-"""Leader election on a `coordination.k8s.io/v1` Lease, so exactly one allocator writes.
+"""Leader election on a `coordination.k8s.io/v1` Lease, so exactly one replica writes (the allocator; rotation).
 
 The rules of client-go's leaderelection, with a monotonic clock for every duration: a candidate takes the
 lease when it is free or when its holder has not renewed it for `lease_duration` as observed locally (so
