@@ -21,7 +21,6 @@ app's future, never another app's.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import logging
 import threading
 import time
@@ -32,7 +31,7 @@ from typing import Any
 
 from sparkgate import contract
 from sparkgate.contract import AppKey
-from sparkgate.kube import Conflict, Invalid, Kube, KubeError, NotFound
+from sparkgate.kube import Conflict, Invalid, Kube, KubeError, NotFound, event_body
 
 from .model import Action, CreateConfigMap, DeleteConfigMap, DeletePod, Event, Release
 
@@ -45,10 +44,6 @@ class AppResult:
 
     ok: bool = True
     released: list[str] = field(default_factory=list)
-
-
-def _now_rfc3339(at: float) -> str:
-    return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Actor:
@@ -180,28 +175,21 @@ class Actor:
             if len(self._last_event) > 50_000:  # forget the oldest half; keys of finished apps never return
                 for key, _ in sorted(self._last_event.items(), key=lambda kv: kv[1])[:25_000]:
                     del self._last_event[key]
-        stamp = _now_rfc3339(now)
-        body = {
+        involved = {
             "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{action.pod}.", "namespace": action.app.namespace},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": action.pod,
-                "namespace": action.app.namespace,
-                "uid": action.pod_uid,
-            },
-            "reason": action.reason,
-            "message": action.message,
-            "type": action.type,
-            "source": {"component": contract.ALLOCATOR_SERVICE_ACCOUNT},
-            "reportingComponent": "sparkgate.io/allocator",
-            "reportingInstance": self.identity,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
+            "kind": "Pod",
+            "name": action.pod,
+            "namespace": action.app.namespace,
+            "uid": action.pod_uid,
         }
+        body = event_body(
+            involved,
+            reason=action.reason,
+            message=action.message,
+            type=action.type,
+            identity=self.identity,
+            at=now,
+        )
         try:
             self.kube.request(
                 "POST", f"/api/v1/namespaces/{action.app.namespace}/events", body=body, retry=False

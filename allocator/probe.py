@@ -14,13 +14,12 @@ SparkgateProfileRefused (manifests/monitoring/prometheusrule.yaml) fires on the 
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import logging
 import time
 from collections.abc import Callable
 
 from sparkgate import contract
-from sparkgate.kube import Kube, KubeError
+from sparkgate.kube import Kube, KubeError, event_body
 from sparkgate.policy_file import PolicySource
 from sparkgate.probe import ProbeResult, Verdict, probe_policy
 
@@ -115,7 +114,6 @@ class PolicyProbe:
         except KubeError as e:
             log.debug("policy ConfigMap not read for the event: %s", e)
             config_map = {}
-        stamp = dt.datetime.fromtimestamp(self._clock(), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         involved = {
             "apiVersion": "v1",
             "kind": "ConfigMap",
@@ -125,24 +123,13 @@ class PolicyProbe:
         uid = (config_map.get("metadata") or {}).get("uid")
         if uid:
             involved["uid"] = uid
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{contract.POLICY_CONFIGMAP}.", "namespace": self.namespace},
-            "involvedObject": involved,
-            "reason": REASON,
-            "message": (
-                f"profile {result.profile} in namespace {result.namespace}: the API server refuses its "
-                f"executor pods (dry run): {result.message}"
-            )[:1024],
-            "type": "Warning",
-            "source": {"component": contract.ALLOCATOR_SERVICE_ACCOUNT},
-            "reportingComponent": "sparkgate.io/allocator",
-            "reportingInstance": self.identity,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
+        message = (
+            f"profile {result.profile} in namespace {result.namespace}: the API server refuses its "
+            f"executor pods (dry run): {result.message}"
+        )
+        body = event_body(
+            involved, reason=REASON, message=message, type="Warning", identity=self.identity, at=self._clock()
+        )
         try:
             self.kube.request("POST", f"/api/v1/namespaces/{self.namespace}/events", body=body, retry=False)
         except KubeError as e:
