@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
+from kubesim.errors import ApiError
 from kubesim.scheduler import Extender
 from kubesim.sparkdriver import SparkDriver
 from sandbox.local_webhook import free_port
@@ -154,6 +155,35 @@ class Prometheus:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+
+
+# What a `kubectl replace` of the certificate loop's webhook configuration leaves: no caBundle. It selects
+# no pod, so the running webhook's admissions are untouched.
+DRIFTED_CONFIGURATION = {
+    "metadata": {"name": "not-the-test-webhook"},
+    "webhooks": [
+        {
+            "name": "drift.sparkgate.io",
+            "admissionReviewVersions": ["v1"],
+            "sideEffects": "None",
+            "clientConfig": {
+                "service": {"namespace": contract.INSTALL_NAMESPACE, "name": contract.WEBHOOK_SERVICE},
+            },
+            "objectSelector": {"matchLabels": {"selected-by": "nothing"}},
+            "rules": [
+                {"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}
+            ],
+        }
+    ],
+}
+
+
+def _exists(cluster: Any, resource: str, namespace: str, name: str) -> bool:
+    try:
+        cluster.store.get(resource, namespace, name)
+    except ApiError:
+        return False
+    return True
 
 
 class CertsSync:
@@ -315,6 +345,14 @@ def run(tmp_path_factory: pytest.TempPathFactory, prometheus_rule: dict[str, Any
         refused_policy = policy.with_suffix(".new")
         refused_policy.write_text(REFUSED_POLICY)
         os.replace(refused_policy, policy)
+        # A re-apply blanks a caBundle (the configuration the certificate loop keeps, which selects no pod):
+        # the loop's next cycle repairs it and counts the repair (SparkgateCaBundleDrift).
+        cluster.wait_for(
+            lambda: _exists(cluster, "secrets", contract.INSTALL_NAMESPACE, contract.CERT_SECRET),
+            timeout=60,
+            what="the certificate loop to create the Secret",
+        )
+        cluster.store.create("mutatingwebhookconfigurations", DRIFTED_CONFIGURATION)
         # A storm of dropped watches (the allocator's two configmap watches; kubesim ends their streams).
         allocator = system.allocator
 
@@ -466,6 +504,7 @@ def test_every_alert_fires_in_its_scenario(run: Run, alert_rules: list[dict[str,
         "SparkgateCertificateExpiresSoon",
         "SparkgatePolicyRejected",
         "SparkgateProfileRefused",
+        "SparkgateCaBundleDrift",
     }
     later = {"SparkgateWebhookBypassed", "SparkgateNoAllocatorLeader"}
     assert by_workload | later == names, "every alert has a scenario here"
@@ -491,6 +530,8 @@ def test_every_alert_fires_in_its_scenario(run: Run, alert_rules: list[dict[str,
         "sparkgate-webhook",
         "sparkgate-allocator",
     }
+    # The blanked caBundle, repaired by the certificate loop.
+    assert {a["job"] for a in prometheus.firing("SparkgateCaBundleDrift")} == {"sparkgate-certs"}
     # The leader's policy probe: the profile naming a PriorityClass that does not exist, where it applies.
     assert [(a["profile"], a["namespace"]) for a in prometheus.firing("SparkgateProfileRefused")] == [
         ("refused", "spark-refused")
