@@ -35,6 +35,7 @@ import threading
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from sparkgate.json_patch import PatchError, apply_patch
 
@@ -44,6 +45,18 @@ from .resources import RESOURCES
 from .store import AdmissionRequest, Obj, Store
 
 ServiceResolver = Mapping[tuple[str, str], str]
+
+
+class _VerifiedAs(http.client.HTTPSConnection):
+    """An HTTPS connection to `host` whose certificate is verified (and SNI sent) as `server_name`."""
+
+    def __init__(self, server_name: str, host: str, port: int, **kwargs: Any) -> None:
+        super().__init__(host, port, **kwargs)
+        self.server_name = server_name
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)
+        self.sock = self._context.wrap_socket(self.sock, server_hostname=self.server_name)  # type: ignore[attr-defined]
 
 
 class AdmissionChain:
@@ -215,18 +228,26 @@ class WebhookAdmission:
         if parts.scheme != "https":
             raise ValueError(f"webhook URL {url} is not https")
         timeout = min(float(webhook.get("timeoutSeconds") or 10), 30.0)
-        ca_bundle = (webhook.get("clientConfig") or {}).get("caBundle") or ""
-        pool: dict[tuple[str, int, str], http.client.HTTPSConnection] = self._local.__dict__.setdefault(
+        client_config = webhook.get("clientConfig") or {}
+        ca_bundle = client_config.get("caBundle") or ""
+        # A webhook reached through a Service is verified as `<name>.<namespace>.svc`, whatever address its
+        # endpoint has (kube-apiserver's service resolver; the admission webhook docs: "the server
+        # certificate must be valid for the host name <svc_name>.<svc_namespace>.svc").
+        service = client_config.get("service")
+        server_name = (
+            f"{service.get('name')}.{service.get('namespace')}.svc" if service else parts.hostname or ""
+        )
+        pool: dict[tuple[str, int, str, str], http.client.HTTPSConnection] = self._local.__dict__.setdefault(
             "pool", {}
         )
-        key = (parts.hostname or "", parts.port or 443, ca_bundle)
+        key = (parts.hostname or "", parts.port or 443, ca_bundle, server_name)
         body = json.dumps(review).encode()
         for attempt in (1, 2):  # a kept-alive connection the server closed is retried once on a new one
             conn = pool.get(key)
             fresh = conn is None
             if conn is None:
-                conn = http.client.HTTPSConnection(
-                    key[0], key[1], context=self._context(ca_bundle), timeout=timeout
+                conn = _VerifiedAs(
+                    server_name, key[0], key[1], context=self._context(ca_bundle), timeout=timeout
                 )
                 pool[key] = conn
             conn.timeout = timeout

@@ -172,6 +172,29 @@ def test_a_webhook_that_is_down_fails_or_is_ignored_by_failure_policy(
     assert core.create_namespaced_pod("spark", executor_pod("e2")).spec.scheduling_gates is None
 
 
+def test_a_webhook_behind_a_service_is_verified_as_the_services_dns_name(
+    cluster: Cluster, core: client.CoreV1Api, webhook: TinyWebhook
+) -> None:
+    """kube-apiserver dials a Service's endpoint but verifies the certificate as `<name>.<namespace>.svc`
+    (Kubernetes docs, "Dynamic Admission Control": the server certificate must be valid for that host name).
+    The webhook's certificate names only localhost and 127.0.0.1, so through a Service it is refused even
+    though the same server is trusted by URL."""
+    cluster.register_service("spark", "hooks", webhook.url)
+    config = webhook.config()
+    config["webhooks"][0]["clientConfig"] = {
+        "service": {"namespace": "spark", "name": "hooks", "path": "/mutate"},
+        "caBundle": config["webhooks"][0]["clientConfig"]["caBundle"],
+    }
+    cluster.store.create("mutatingwebhookconfigurations", config)
+    with pytest.raises(client.ApiException) as e:
+        core.create_namespaced_pod("spark", executor_pod("e1"))
+    message = json.loads(e.value.body)["message"]
+    assert 'failed calling webhook "test.example.com"' in message and "hooks.spark.svc" in message
+    assert webhook.requests == []
+    cluster.store.replace("mutatingwebhookconfigurations", None, "test.example.com", webhook.config())
+    assert core.create_namespaced_pod("spark", executor_pod("e2")).spec.scheduling_gates is not None
+
+
 def test_scheduler_binds_ungated_pods_that_fit_respecting_taints(
     cluster: Cluster, core: client.CoreV1Api
 ) -> None:

@@ -44,7 +44,6 @@ from sparkgate.kube import Kube, KubeError
 
 REPO = Path(__file__).resolve().parents[2]
 POD = "sparkgate-5d8f7c9b4-x2x7k"
-SERVICE_NAME = "sparkgate-webhook.sparkgate-system.svc"
 # The pod's network, on one machine: where a container listens when the manifest leaves its program's default
 # (0.0.0.0:<containerPort>) in place.
 LISTEN = {"allocator": "SPARKGATE_ALLOCATOR_HTTP"}
@@ -208,21 +207,6 @@ class Kubelet:
                 process.wait(timeout=30)
 
 
-class ServiceNameContext(ssl.SSLContext):
-    """Verifies the webhook as the Service's DNS name, as kube-apiserver does, though kubesim dials 127.0.0.1."""
-
-    def wrap_socket(self, sock: Any, *args: Any, **kwargs: Any) -> Any:
-        kwargs["server_hostname"] = SERVICE_NAME
-        return super().wrap_socket(sock, *args, **kwargs)
-
-
-def service_context(ca_bundle: str) -> ssl.SSLContext:
-    context = ServiceNameContext(ssl.PROTOCOL_TLS_CLIENT)
-    if ca_bundle:
-        context.load_verify_locations(cadata=base64.b64decode(ca_bundle).decode())
-    return context
-
-
 def metric(port: int, name: str, labels: str = "") -> float:
     """The sum of the samples of `name` whose labels include `labels` (e.g. 'step="create"')."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
@@ -251,7 +235,6 @@ def admitted(pod: Obj) -> bool:
 def pod(kustomize: ModuleType, tmp_path: Path) -> Iterator[tuple[Kubelet, Cluster]]:
     objects = kustomize.by_kind(kustomize.build(REPO / "manifests"))
     with Cluster(nodes=1, namespaces=("default", "kube-system", "sparkgate-system", "spark-jobs")) as cluster:
-        cluster.admission._context = service_context  # type: ignore[method-assign]
         # The base installs the mutating webhook only (gate protection is a ValidatingAdmissionPolicy).
         for (kind, _), config in objects.items():
             if kind.endswith("WebhookConfiguration"):

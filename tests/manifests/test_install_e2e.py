@@ -13,7 +13,6 @@ import base64
 import copy
 import datetime as dt
 import os
-import ssl
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,22 +30,7 @@ from sparkgate.contract import ANNOTATION_PROFILE, GATE
 from sparkgate.kube import Kube, KubeError
 
 REPO = Path(__file__).resolve().parents[2]
-SERVICE_NAME = "sparkgate-webhook.sparkgate-system.svc"  # what kube-apiserver verifies
 Obj = dict[str, Any]
-
-
-class ServiceNameContext(ssl.SSLContext):
-    """Verifies the server as SERVICE_NAME whatever address it connects to: kubesim dials 127.0.0.1."""
-
-    def wrap_socket(self, sock: Any, *args: Any, **kwargs: Any) -> Any:
-        kwargs["server_hostname"] = SERVICE_NAME
-        return super().wrap_socket(sock, *args, **kwargs)
-
-
-def service_context(ca_bundle: str) -> ssl.SSLContext:
-    context = ServiceNameContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.load_verify_locations(cadata=base64.b64decode(ca_bundle).decode())
-    return context
 
 
 class Install:
@@ -79,7 +63,6 @@ def install(kustomize: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> 
         Cluster(nodes=1, namespaces=("default", "kube-system", "sparkgate-system", "spark-jobs")) as cluster,
     ):
         cluster.register_service("sparkgate-system", "sparkgate-webhook", webhook.url)
-        cluster.admission._context = service_context  # type: ignore[method-assign]
         cluster.store.create(
             "mutatingwebhookconfigurations", objects[("MutatingWebhookConfiguration", "sparkgate")]
         )
