@@ -39,7 +39,6 @@ import pytest
 from kubesim.cluster import Cluster
 from sandbox.local_webhook import free_port
 from sparkgate import contract
-from sparkgate.contract import ANNOTATION_PROFILE, GATE
 from sparkgate.kube import Kube, KubeError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -219,18 +218,6 @@ def metric(port: int, name: str, labels: str = "") -> float:
     return total
 
 
-def executor_pod(reviews: dict[str, Obj], name: str) -> Obj:
-    pod: Obj = copy.deepcopy(reviews["adhoc-query-exec-1"]["request"]["object"])
-    pod["metadata"] = {**pod["metadata"], "name": name, "namespace": "spark-jobs"}
-    pod["metadata"].pop("managedFields", None)
-    return pod
-
-
-def admitted(pod: Obj) -> bool:
-    gates = [g["name"] for g in pod["spec"].get("schedulingGates", [])]
-    return GATE in gates and ANNOTATION_PROFILE in pod["metadata"].get("annotations", {})
-
-
 @pytest.fixture
 def pod(kustomize: ModuleType, tmp_path: Path) -> Iterator[tuple[Kubelet, Cluster]]:
     objects = kustomize.by_kind(kustomize.build(REPO / "manifests"))
@@ -247,7 +234,7 @@ def pod(kustomize: ModuleType, tmp_path: Path) -> Iterator[tuple[Kubelet, Cluste
 
 
 def test_the_deployments_processes_rotate_certificates_and_repair_a_blanked_ca_bundle(
-    pod: tuple[Kubelet, Cluster], reviews: dict[str, Obj]
+    pod: tuple[Kubelet, Cluster], executors: Any
 ) -> None:
     kubelet, cluster = pod
     # certs sync --once: the Secret exists, caBundle injected
@@ -270,12 +257,12 @@ def test_the_deployments_processes_rotate_certificates_and_repair_a_blanked_ca_b
             i += 1
             try:
                 created = spark.create(
-                    "/api/v1/namespaces/spark-jobs/pods", executor_pod(reviews, f"stream-exec-{i}")
+                    "/api/v1/namespaces/spark-jobs/pods", executors.pod(f"stream-exec-{i}")
                 )
             except KubeError as e:
                 errors.append(e)
                 return
-            results.append(admitted(created))
+            results.append(executors.admitted(created))
             cluster.notify()
 
     def steps(step: str) -> float:
@@ -335,7 +322,9 @@ def test_the_deployments_processes_rotate_certificates_and_repair_a_blanked_ca_b
             what="the repair counted",
         )
         assert metric(allocator_port, "sparkgate_certs_syncs_total", 'result="error"') == 0
-        assert admitted(spark.create("/api/v1/namespaces/spark-jobs/pods", executor_pod(reviews, "after-1")))
+        assert executors.admitted(
+            spark.create("/api/v1/namespaces/spark-jobs/pods", executors.pod("after-1"))
+        )
         lease = store.get("leases", contract.INSTALL_NAMESPACE, contract.CERTS_LEASE)
         assert lease["spec"]["holderIdentity"] == POD
         assert _answers(f"http://127.0.0.1:{allocator_port}", "/healthz")

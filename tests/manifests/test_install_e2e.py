@@ -26,7 +26,7 @@ from certs.sync import Target, sync_once
 from kubesim.cluster import Cluster
 from sandbox.local_webhook import LocalWebhook
 from sparkgate import contract
-from sparkgate.contract import ANNOTATION_PROFILE, GATE
+from sparkgate.contract import GATE
 from sparkgate.kube import Kube, KubeError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,30 +85,18 @@ def install_policies(cluster: Cluster, objects: dict[tuple[str, str], Obj]) -> N
             cluster.store.create("validatingadmissionpolicybindings", obj)
 
 
-def executor_pod(reviews: dict[str, Obj], name: str) -> Obj:
-    pod: Obj = copy.deepcopy(reviews["adhoc-query-exec-1"]["request"]["object"])
-    pod["metadata"] = {**pod["metadata"], "name": name, "namespace": "spark-jobs"}
-    pod["metadata"].pop("managedFields", None)
-    return pod
-
-
-def admitted(pod: Obj) -> bool:
-    gates = [g["name"] for g in pod["spec"].get("schedulingGates", [])]
-    return GATE in gates and ANNOTATION_PROFILE in pod["metadata"].get("annotations", {})
-
-
-def test_executor_pods_are_admitted_over_verified_tls(install: Install, reviews: dict[str, Obj]) -> None:
+def test_executor_pods_are_admitted_over_verified_tls(install: Install, executors: Any) -> None:
     bundle = install.cluster.store.get("mutatingwebhookconfigurations", None, "sparkgate")["webhooks"][0]
     assert base64.b64decode(bundle["clientConfig"]["caBundle"]) == install.secret()[CA_CRT]
     spark = Kube.from_kubeconfig(str(install.cluster.add_user("system:serviceaccount:spark-jobs:spark")))
     calls = install.cluster.admission.calls
-    created = spark.create("/api/v1/namespaces/spark-jobs/pods", executor_pod(reviews, "first-exec-1"))
+    created = spark.create("/api/v1/namespaces/spark-jobs/pods", executors.pod("first-exec-1"))
     spark.close()
-    assert admitted(created) and install.cluster.admission.calls > calls
+    assert executors.admitted(created) and install.cluster.admission.calls > calls
 
 
 def test_a_wrong_ca_bundle_means_no_admission_until_certs_sync_repairs_it(
-    install: Install, reviews: dict[str, Obj]
+    install: Install, executors: Any
 ) -> None:
     store = install.cluster.store
     config = copy.deepcopy(store.get("mutatingwebhookconfigurations", None, "sparkgate"))
@@ -117,14 +105,16 @@ def test_a_wrong_ca_bundle_means_no_admission_until_certs_sync_repairs_it(
     store.replace("mutatingwebhookconfigurations", None, "sparkgate", config)
     spark = Kube.from_kubeconfig(str(install.cluster.add_user("system:serviceaccount:spark-jobs:spark")))
     # failurePolicy Ignore: the pod is created, but without sparkgate.
-    assert not admitted(spark.create("/api/v1/namespaces/spark-jobs/pods", executor_pod(reviews, "bad-ca-1")))
+    assert not executors.admitted(
+        spark.create("/api/v1/namespaces/spark-jobs/pods", executors.pod("bad-ca-1"))
+    )
     assert install.sync() == ()  # nothing to do to the Secret, only the bundle to repair
-    assert admitted(spark.create("/api/v1/namespaces/spark-jobs/pods", executor_pod(reviews, "repaired-1")))
+    assert executors.admitted(spark.create("/api/v1/namespaces/spark-jobs/pods", executors.pod("repaired-1")))
     spark.close()
 
 
 def test_ca_rollover_during_a_stream_of_pod_creations_fails_no_admission(
-    install: Install, reviews: dict[str, Obj]
+    install: Install, executors: Any
 ) -> None:
     spark = Kube.from_kubeconfig(str(install.cluster.add_user("system:serviceaccount:spark-jobs:spark")))
     results: list[bool] = []
@@ -137,14 +127,12 @@ def test_ca_rollover_during_a_stream_of_pod_creations_fails_no_admission(
         while not stop.is_set():
             i += 1
             try:
-                pod = spark.create(
-                    "/api/v1/namespaces/spark-jobs/pods", executor_pod(reviews, f"stream-exec-{i}")
-                )
+                pod = spark.create("/api/v1/namespaces/spark-jobs/pods", executors.pod(f"stream-exec-{i}"))
             except KubeError as e:
                 errors.append(e)
                 return
             with progress:
-                results.append(admitted(pod))
+                results.append(executors.admitted(pod))
                 progress.notify_all()
 
     def after_more(n: int) -> None:
@@ -178,9 +166,9 @@ def test_ca_rollover_during_a_stream_of_pod_creations_fails_no_admission(
     assert all(results), f"{results.count(False)} of {len(results)} pods were not admitted by sparkgate"
 
 
-def gated_pod(install: Install, reviews: dict[str, Obj], name: str) -> Kube:
+def gated_pod(install: Install, executors: Any, name: str) -> Kube:
     spark = Kube.from_kubeconfig(str(install.cluster.add_user("system:serviceaccount:spark-jobs:spark")))
-    assert admitted(spark.create("/api/v1/namespaces/spark-jobs/pods", executor_pod(reviews, name)))
+    assert executors.admitted(spark.create("/api/v1/namespaces/spark-jobs/pods", executors.pod(name)))
     return spark
 
 
@@ -190,10 +178,8 @@ REMOVE_GATE = [
 ]
 
 
-def test_gate_removal_by_a_user_is_refused_naming_sparkgate(
-    install: Install, reviews: dict[str, Obj]
-) -> None:
-    spark = gated_pod(install, reviews, "jumper-exec-1")
+def test_gate_removal_by_a_user_is_refused_naming_sparkgate(install: Install, executors: Any) -> None:
+    spark = gated_pod(install, executors, "jumper-exec-1")
     with pytest.raises(KubeError) as refused:
         spark.patch(
             "/api/v1/namespaces/spark-jobs/pods/jumper-exec-1", REMOVE_GATE, "application/json-patch+json"
@@ -205,9 +191,9 @@ def test_gate_removal_by_a_user_is_refused_naming_sparkgate(
 
 
 def test_gate_removal_by_the_allocator_and_driver_label_patches_are_allowed(
-    install: Install, reviews: dict[str, Obj]
+    install: Install, executors: Any
 ) -> None:
-    spark = gated_pod(install, reviews, "normal-exec-1")
+    spark = gated_pod(install, executors, "normal-exec-1")
     path = "/api/v1/namespaces/spark-jobs/pods/normal-exec-1"
     labelled = spark.patch(
         path, {"metadata": {"labels": {"spark-exec-inactive": "true"}}}, "application/merge-patch+json"
@@ -227,7 +213,7 @@ def gate_refusal(name: str, policy: Obj) -> str:
 
 
 def test_with_no_webhook_at_all_the_admission_policy_protects_the_gate(
-    kustomize: ModuleType, reviews: dict[str, Obj], tmp_path: Path
+    kustomize: ModuleType, executors: Any, tmp_path: Path
 ) -> None:
     """A user allowed to patch pods cannot remove the gate (the policy's message, word for word), may still
     label the gated pod, and the allocator may remove the gate: no webhook is registered here."""
@@ -236,7 +222,7 @@ def test_with_no_webhook_at_all_the_admission_policy_protects_the_gate(
         nodes=1, namespaces=("default", "kube-system", "sparkgate-system", "spark-jobs"), workdir=tmp_path
     ) as cluster:
         install_policies(cluster, objects)
-        pod = executor_pod(reviews, "gated-exec-1")
+        pod = executors.pod("gated-exec-1")
         pod["spec"]["schedulingGates"] = [{"name": "example.com/other"}, {"name": GATE}]
         cluster.store.create("pods", pod, namespace="spark-jobs")
         path = "/api/v1/namespaces/spark-jobs/pods/gated-exec-1"
@@ -274,7 +260,7 @@ def test_with_no_webhook_at_all_the_admission_policy_protects_the_gate(
 
 
 def test_the_allocator_may_only_dry_run_pod_creations(
-    kustomize: ModuleType, reviews: dict[str, Obj], tmp_path: Path
+    kustomize: ModuleType, executors: Any, tmp_path: Path
 ) -> None:
     objects = kustomize.by_kind(kustomize.build(REPO / "manifests"))
     with Cluster(
@@ -284,7 +270,7 @@ def test_the_allocator_may_only_dry_run_pod_creations(
         allocator = Kube.from_kubeconfig(str(cluster.add_user(contract.ALLOCATOR_USER)))
         try:
             pods = "/api/v1/namespaces/spark-jobs/pods"
-            pod = executor_pod(reviews, "probe-exec-1")
+            pod = executors.pod("probe-exec-1")
             assert (
                 allocator.request("POST", pods, query={"dryRun": "All"}, body=pod)["metadata"]["name"]
                 == "probe-exec-1"
