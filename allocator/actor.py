@@ -40,10 +40,22 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class AppResult:
-    """How one app's actions went: ok when every write went through; the pods whose gate was removed."""
+    """How one app's actions went: ok when every write went through; the pods whose gate was removed;
+    wrote when a write other than an Event went through."""
 
     ok: bool = True
     released: list[str] = field(default_factory=list)
+    wrote: bool = False
+
+    @property
+    def outcome(self) -> bool | None:
+        """What the work queue's `done` is told: False when a write failed (the app backs off), True when
+        writes went through (its backoff is reset), None when only Events were sent. An app refused for good
+        whose next decision only says it waits for room must keep its backoff: resetting it there let the
+        refused writes resume at the base delay (the soak caught 11 writes where the backoff allows 8)."""
+        if not self.ok:
+            return False
+        return True if self.wrote else None
 
 
 class Actor:
@@ -90,6 +102,7 @@ class Actor:
                 self._one(action)
                 if isinstance(action, Release):
                     result.released.append(action.pod.uid)
+                result.wrote |= not isinstance(action, Event)
             except (Conflict, Invalid, NotFound) as e:
                 log.info(
                     "%s for %s was stale (%s); re-deciding",

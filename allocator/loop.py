@@ -277,7 +277,7 @@ class Controller:
         self.expectations.failed(set(releases) - set(result.released))
         if not result.ok:
             self.metrics.write_failures.labels(app.namespace).inc()
-        self.queue.done(app, result.ok)
+        self.queue.done(app, result.outcome)
 
     def _record_gone(self, gone: list[tuple[PodRecord, bool, float]], snapshot: Snapshot) -> None:
         for record, _removed, at in gone:

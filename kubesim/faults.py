@@ -89,9 +89,13 @@ class Faults:
             close()
         return len(dropped)
 
-    def clear(self) -> None:
+    def clear(self, *, keep_namespace: str | None = None) -> None:
+        """Drops every rule, or every rule but the errors confined to `keep_namespace` (in one step, so that
+        no request of that namespace slips through between a clear and their re-injection)."""
         with self._lock:
-            self._errors.clear()
+            self._errors = [
+                r for r in self._errors if keep_namespace is not None and r.namespace == keep_namespace
+            ]
             self._delays.clear()
 
     def consult(self, verb: str, resource: str, namespace: str | None) -> tuple[float, Injected | None]:

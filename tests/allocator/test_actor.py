@@ -12,7 +12,7 @@ import pytest
 
 from allocator.actor import Actor
 from allocator.cache import pod_record
-from allocator.model import PodRecord, Release
+from allocator.model import Event, PodRecord, Release
 from kubesim.cluster import Cluster
 from sparkgate import contract
 from sparkgate.kube import Kube
@@ -77,3 +77,18 @@ def test_a_stale_release_stops_its_app_only_and_other_gates_stay(cluster: Cluste
     assert gates(cluster, a2.name) == ["other.io/gate", contract.GATE]  # the failed test changed nothing
     assert gates(cluster, a3.name) == ["other.io/gate", contract.GATE]  # dropped: the app is re-decided
     assert gates(cluster, b1.name) == gates(cluster, b2.name) == ["other.io/gate"]
+
+
+def test_what_the_work_queue_is_told_failed_written_or_only_events(cluster: Cluster, actor: Actor) -> None:
+    """An app whose actions are only Events wrote nothing: the work queue must keep its backoff (None), not
+    reset it (True) as after writes that went through."""
+    a1 = gated_pod(cluster, "app-a", 1)
+    b1 = gated_pod(cluster, "app-b", 1)
+    c1 = gated_pod(cluster, "app-c", 1)
+    waiting = Event(b1.app, b1.name, b1.uid, "Normal", "Waiting", "waiting: the cluster's limit", "b/waiting")
+    stale = replace(c1, gate_index=0)
+    done = actor.submit([Release(a1.app, a1), waiting, Release(c1.app, stale)])
+    outcomes = {app: future.result().outcome for app, future in done.items()}
+    assert outcomes == {a1.app: True, b1.app: None, c1.app: False}
+    events, _, _ = cluster.store.list("events", "spark")
+    assert [e["reason"] for e in events] == ["Waiting"]  # the Event was sent all the same

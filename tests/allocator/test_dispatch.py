@@ -49,8 +49,10 @@ class HeldActor:
         return futures
 
     def finish(self, app: AppKey, ok: bool) -> None:
+        """The app's actions are over: every write went through (ok), or the first failed (nothing released).
+        An app given only Events wrote nothing, as the real actor reports (AppResult.wrote)."""
         future, uids = self.pending.pop(app)
-        future.set_result(AppResult(ok, uids if ok else []))
+        future.set_result(AppResult(ok, uids if ok else [], wrote=ok and bool(uids)))
 
     def releases(self) -> list[str]:
         given, self.given = self.given, []
@@ -151,3 +153,26 @@ def test_an_exception_in_one_apps_actions_is_counted_and_that_app_backs_off(
     assert [n for n in actor.releases() if n.startswith("app-a")][-4:] == [
         f"app-a-exec-{i}" for i in range(1, 5)
     ]
+
+
+def test_an_app_backing_off_keeps_its_backoff_through_a_decision_that_only_says_it_waits(
+    controller: tuple[Controller, HeldActor],
+) -> None:
+    """A persistent refusal must cost one write per backoff period whatever the app is decided meanwhile: a
+    decision that only sends it a Waiting event (no room) does not reset its backoff; writes that went through
+    do."""
+    c, actor = controller
+    c.step(take(c))
+    assert actor.releases() == [f"app-a-exec-{i}" for i in range(1, 5)]  # the cluster budget (4) to app-a
+    actor.finish(B, True)  # app-b's Waiting event
+    actor.finish(A, False)  # app-a's first release refused
+    assert c.queue.failures() == {A: (1, 0.0)}
+    c.queue.add({B})
+    c.step(take(c) - {A})  # app-b takes the budget app-a's failure freed; its PATCHes are in flight
+    assert actor.releases() == [f"app-b-exec-{i}" for i in range(1, 5)]
+    c.step({A})  # no room: app-a is only told it waits
+    assert actor.releases() == [] and A in actor.pending
+    actor.finish(A, True)
+    assert c.queue.failures() == {A: (1, 0.0)}  # still one failure: the next refusal backs off for longer
+    actor.finish(B, True)  # app-b's releases went through
+    assert B not in c.queue.failures()
