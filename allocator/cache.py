@@ -54,12 +54,13 @@ def pod_record(obj: Obj) -> PodRecord | None:
     raw_id = labels.get(contract.LABEL_EXEC_ID, "")
     gates = spec.get("schedulingGates") or []
     gate_index = next((i for i, g in enumerate(gates) if g.get("name") == contract.GATE), None)
-    reason, exit_code = status.get("reason"), None
+    reason, exit_code, finished = status.get("reason"), None, None
     for container in status.get("containerStatuses") or []:
         terminated = (container.get("state") or {}).get("terminated")
         if terminated:
             reason = reason or terminated.get("reason")
             exit_code = terminated.get("exitCode")
+            finished = _timestamp(terminated.get("finishedAt")) or None
             if container.get("name") == contract.SPARK_CONTAINER_NAME:
                 break
     owner = next((r.get("uid") for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
@@ -82,6 +83,7 @@ def pod_record(obj: Obj) -> PodRecord | None:
         reason=reason,
         exit_code=exit_code,
         gate_index=gate_index,
+        finished=finished,
     )
 
 

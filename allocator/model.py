@@ -36,6 +36,7 @@ class PodRecord:
     reason: str | None = None  # termination / status reason: OOMKilled, Evicted, Error, Completed...
     exit_code: int | None = None
     gate_index: int | None = None  # position of the sparkgate gate in spec.schedulingGates (for the patch)
+    finished: float | None = None  # when its container terminated (finishedAt), unix seconds, if known
 
     @property
     def app(self) -> AppKey:

@@ -5,12 +5,16 @@ allocator/extender.py on every filter and prioritize request without any API cal
 The cache reports each executor pod change as (previous record, new record); a pod that reaches phase Failed
 on a node counts once as a failure there (OOMKilled, Evicted, a kubelet rejection or a non-zero exit: what
 Spark's own excludeOnFailure counts, but kept across apps and app restarts). Failures are kept with the time
-they were seen (an injected monotonic clock) and forgotten once older than the longest window in force.
+they happened on the injected monotonic clock, oldest first, and forgotten once older than the longest window
+in force. The time is when the container terminated (its finishedAt, on the node's clock) when the pod says
+so, else when the failure was seen: so that after an allocator restart the failures of the first list keep
+their age instead of counting as new and excluding nodes for another whole window.
 Thread-safe: the reflectors write, the HTTP threads read, one lock guards it all.
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import threading
 import time
@@ -43,6 +47,10 @@ def failure_kind(record: PodRecord) -> str:
     return record.reason or "failed"
 
 
+def _at(failure: Failure) -> float:
+    return failure.at
+
+
 def _live(record: PodRecord | None) -> bool:
     return (
         record is not None
@@ -53,8 +61,15 @@ def _live(record: PodRecord | None) -> bool:
 
 
 class Placement:
-    def __init__(self, *, monotonic: Callable[[], float] = time.monotonic, retention: float = 600.0) -> None:
+    def __init__(
+        self,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
+        retention: float = 600.0,
+    ) -> None:
         self.monotonic = monotonic
+        self.clock = clock  # wall clock: the age of a failure from its finishedAt
         self.retention = retention  # seconds failures are kept: the longest window of the policy in force
         self._lock = threading.Lock()
         self._failures: dict[str, collections.deque[Failure]] = {}  # node -> failures, oldest first
@@ -84,9 +99,13 @@ class Placement:
                 self._count(current, +1)
             if current.phase == "Failed" and current.node and current.uid not in self._counted:
                 self._counted.add(current.uid)
-                failure = Failure(self.monotonic(), current.app, current.node, failure_kind(current))
-                self._failures.setdefault(current.node, collections.deque()).append(failure)
-                self._by_app.setdefault(current.app, collections.deque()).append(failure)
+                # A finishedAt ahead of this clock (skew between nodes) counts as now.
+                age = max(0.0, self.clock() - current.finished) if current.finished else 0.0
+                if age >= self.retention:
+                    return
+                failure = Failure(self.monotonic() - age, current.app, current.node, failure_kind(current))
+                bisect.insort(self._failures.setdefault(current.node, collections.deque()), failure, key=_at)
+                bisect.insort(self._by_app.setdefault(current.app, collections.deque()), failure, key=_at)
                 self.version += 1
                 self._prune(self._failures, current.node)
                 self._prune(self._by_app, current.app)

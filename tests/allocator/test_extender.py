@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from allocator.cache import pod_record
 from allocator.extender import Extender, exclusions, filter_nodes, parse_args, scores, suspect_nodes
 from allocator.metrics import AllocatorMetrics
 from allocator.model import PodRecord
@@ -126,6 +127,37 @@ def test_a_failed_pod_counts_once_with_its_kind_and_live_executors_are_counted_p
     assert placement.executors(A) == {"n3": 1}
     clock.now += 61
     assert placement.failures(60) == {}
+
+
+def test_a_failure_keeps_its_age_from_finished_at_so_a_restart_does_not_renew_it(clock: Clock) -> None:
+    """The first list after an allocator restart holds pods that failed long ago: each counts from when its
+    container terminated (finishedAt, as the cache reads it from the pod), not from when it was seen."""
+    wall = Clock()
+    wall.now = 1_800_000_000.0
+    placement = Placement(monotonic=clock, clock=wall, retention=600)
+    terminated = {
+        "terminated": {"exitCode": 137, "reason": "OOMKilled", "finishedAt": "2027-01-15T07:50:00Z"}
+    }
+    pod = {
+        "metadata": {"name": "a1", "namespace": "spark", "uid": "u1", "labels": {"spark-app-selector": A.app_id}},
+        "spec": {"nodeName": "n1"},
+        "status": {"phase": "Failed", "containerStatuses": [{"name": "spark-kubernetes-executor", "state": terminated}]},
+    }  # fmt: skip
+    listed = pod_record(pod)
+    assert listed is not None and listed.finished == 1_800_000_000.0 - 10 * 60  # 08:00:00Z minus 10 minutes
+    placement.observe(None, listed)  # older than the longest window: not counted at all
+    assert placement.failures(600) == {} and placement.app_failures(A, 600) == []
+    placement.observe(None, replace(listed, uid="u2", finished=wall.now - 300))  # five minutes old
+    placement.observe(None, replace(listed, uid="u3", finished=None, reason="Evicted"))  # no finishedAt: now
+    placement.observe(None, replace(listed, uid="u4", finished=wall.now - 100, exit_code=1, reason="Error"))
+    # Kept oldest first, whatever the order they were seen in.
+    assert [f.kind for f in placement.app_failures(A, 600)] == ["OOMKilled", "exit 1", "Evicted"]
+    assert [f.kind for f in placement.failures(200)["n1"]] == ["exit 1", "Evicted"]
+    assert [f.kind for f in placement.failures(50)["n1"]] == ["Evicted"]
+    clock.now += 301  # the five-minute-old failure reaches the window's end after five more minutes, not ten
+    assert [f.kind for f in placement.app_failures(A, 600)] == ["exit 1", "Evicted"]
+    placement.observe(None, replace(listed, uid="u5", finished=wall.now + 30))  # a node clock ahead: now
+    assert len(placement.failures(1)["n1"]) == 1
 
 
 def test_a_node_is_refused_to_the_app_at_n_failures_and_to_every_app_at_m_apps(clock: Clock) -> None:
