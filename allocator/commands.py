@@ -139,7 +139,6 @@ def assemble(
     from .extender import Extender
     from .health import Health
     from .loop import Controller
-    from .nodes import placement_reflectors
     from .placement import Placement
     from .workqueue import Backoff, WorkQueue
 
@@ -182,6 +181,15 @@ def assemble(
         on_release=lambda action, at: parts["controller"].on_release(action, at),
         on_delete=lambda action: parts["controller"].on_delete(action),
     )
+
+    def driver_event(kind: str, obj: dict[str, Any]) -> None:  # one drivers' watch feeds both
+        cache.driver_event(kind, obj)
+        placement.driver_event(kind, obj)
+
+    def drivers_replace(items: list[dict[str, Any]]) -> None:
+        cache.drivers_replace(items)
+        placement.drivers_replace(items)
+
     ns = options.install_namespace
     common: dict[str, Any] = {
         "stop": stop,
@@ -195,7 +203,7 @@ def assemble(
             kube, "executors", "/api/v1/pods", "spark-role=executor", cache.pod_event, cache.pods_replace, **common
         ),
         Reflector(
-            kube, "drivers", "/api/v1/pods", "spark-role=driver", cache.driver_event, cache.drivers_replace, **common
+            kube, "drivers", "/api/v1/pods", "spark-role=driver", driver_event, drivers_replace, **common
         ),
         Reflector(
             kube,
@@ -215,7 +223,8 @@ def assemble(
             lambda items: cache.config_maps_replace(items, source=True),
             **common,
         ),
-        *placement_reflectors(kube, placement, **common),
+        # The nodes' zones and names, for the scheduler extender.
+        Reflector(kube, "nodes", "/api/v1/nodes", None, placement.node_event, placement.nodes_replace, **common),
     ]  # fmt: skip
     for reflector in reflectors:
         metrics.reflector_crashes.labels(reflector.name)
