@@ -140,10 +140,20 @@ def test_a_pod_admitted_while_the_webhook_was_down_is_counted_and_reported(syste
     cluster.wait_for(
         lambda: any(a["bypassed"] == 2 for a in allocator.apps()["apps"]), timeout=30, what="bypass reported"
     )
-    events, _, _ = cluster.store.list_objects("events", "spark")
-    assert any(e["reason"] == "BypassedWebhook" for e in events)
-    _code, metrics = allocator.get("/metrics")
-    assert 'sparkgate_allocator_bypassed_pods{namespace="spark"} 2.0' in metrics
+    # The Event is sent by the actor's threads after the decision, and the gauge set at the end of the loop's
+    # step: both may come a moment after /apps, which reads the cache.
+    cluster.wait_for(
+        lambda: any(
+            e["reason"] == "BypassedWebhook" for e in cluster.store.list_objects("events", "spark")[0]
+        ),
+        timeout=30,
+        what="the BypassedWebhook event",
+    )
+    cluster.wait_for(
+        lambda: 'sparkgate_allocator_bypassed_pods{namespace="spark"} 2.0' in allocator.get("/metrics")[1],
+        timeout=30,
+        what="the bypassed pods gauge",
+    )
 
 
 def test_driver_pod_deleted_removes_executors_and_config_maps_and_the_app_is_finished(system: Any) -> None:
