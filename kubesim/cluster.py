@@ -204,14 +204,23 @@ class Cluster:
         self._on_change("", "", {})
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
+        """Re-evaluates `predicate` after every store change until it holds. The predicate runs outside the
+        lock: the store delivers its changes to every listener (the scheduler and the kubelets included) from one thread, which
+        must never wait for a predicate's own HTTP calls."""
         deadline = time.monotonic() + timeout
-        with self._changed:
-            while not predicate():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"timed out after {timeout}s waiting for {what or predicate}")
-                # Woken by every store change; the bounded wait only re-checks state kept outside the store.
-                self._changed.wait(min(remaining, 0.5))
+        while True:
+            with self._changed:
+                seen = self._version
+            if predicate():
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"timed out after {timeout}s waiting for {what or predicate}")
+            with self._changed:
+                # Woken by a store change since `seen`; the bounded wait only re-checks state kept outside the
+                # store.
+                if self._version == seen:
+                    self._changed.wait(min(remaining, 0.5))
 
     # --- lifecycle -------------------------------------------------------------------------------------
 
