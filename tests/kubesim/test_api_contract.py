@@ -97,11 +97,16 @@ def test_watch_resumes_from_a_resource_version_with_bookmarks(core: client.CoreV
     core.create_namespaced_pod("spark", pod("b", schedulingGates=gate))
     core.patch_namespaced_pod("a", "spark", {"metadata": {"labels": {"x": "1"}}})
     core.delete_namespaced_pod("b", "spark")
-    seen = []
-    for event in watch.Watch().stream(
-        core.list_namespaced_pod, "spark", resource_version=rv, timeout_seconds=1, allow_watch_bookmarks=True
+    seen: list[tuple[str, str | None]] = []
+    # A long server timeout, stopped once the three changes and a bookmark arrived: a pause of the busy
+    # test process cannot end the watch before they are sent.
+    w = watch.Watch()
+    for event in w.stream(
+        core.list_namespaced_pod, "spark", resource_version=rv, timeout_seconds=30, allow_watch_bookmarks=True
     ):
         seen.append((event["type"], event["object"].metadata.name if event["type"] != "BOOKMARK" else None))
+        if ("BOOKMARK", None) in seen and len([s for s in seen if s[0] != "BOOKMARK"]) >= 3:
+            w.stop()
     changes = [s for s in seen if s[0] != "BOOKMARK"]
     assert changes == [("ADDED", "b"), ("MODIFIED", "a"), ("DELETED", "b")]
     assert ("BOOKMARK", None) in seen
@@ -124,12 +129,14 @@ def test_a_compacted_resource_version_gets_410_at_connect_and_in_stream(
     lines: list[dict[str, Any]] = []
     response = requests.get(
         f"{cluster.url}/api/v1/namespaces/spark/pods",
-        params={"watch": "true", "resourceVersion": current, "timeoutSeconds": "5"},
+        params={"watch": "true", "resourceVersion": current, "timeoutSeconds": "30"},
         headers={"Authorization": f"Bearer {token}"},
         stream=True,
-        timeout=10,
+        timeout=60,
     )
-    threading.Timer(0.2, cluster.store.compact).start()
+    # The response has started, so the watch is open at `current`: compacting now expires it in the stream.
+    assert response.status_code == 200
+    cluster.store.compact()
     for line in response.iter_lines():
         if line:
             lines.append(json.loads(line))
@@ -285,10 +292,12 @@ def test_ten_thousand_pods_list_and_several_watchers(cluster: Cluster, core: cli
     results: list[list[str]] = [[] for _ in range(3)]
 
     def consume(out: list[str]) -> None:
-        for event in watch.Watch().stream(
-            core.list_namespaced_pod, "spark", resource_version=rv, timeout_seconds=2
-        ):
+        # A long server timeout, stopped after the 50 changes: the busy machine cannot end it before.
+        w = watch.Watch()
+        for event in w.stream(core.list_namespaced_pod, "spark", resource_version=rv, timeout_seconds=60):
             out.append(event["object"].metadata.name)
+            if len(out) == 50:
+                w.stop()
 
     threads = [threading.Thread(target=consume, args=(out,)) for out in results]
     for t in threads:

@@ -23,7 +23,11 @@ Answer = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 class TinyWebhook:
-    """An HTTPS admission webhook answering with `answer(request)`; records the requests it got."""
+    """An HTTPS admission webhook answering with `answer(request)`; records the requests it got.
+
+    Its configurations allow the API server 30 s (the most `timeoutSeconds` accepts) with `failurePolicy:
+    Fail`: the webhook answers at once, so the timeout is only a safety net and a pause of the busy test
+    process never turns an answer into a failed call. No test here is about the timeout itself."""
 
     def __init__(self, answer: Answer) -> None:
         now = dt.datetime.now(dt.UTC)
@@ -84,7 +88,7 @@ class TinyWebhook:
             "admissionReviewVersions": ["v1"],
             "sideEffects": "None",
             "failurePolicy": "Fail",
-            "timeoutSeconds": 2,
+            "timeoutSeconds": 30,
             **webhook,
         }
         return {"metadata": {"name": name}, "webhooks": [hook]}
