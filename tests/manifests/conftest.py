@@ -1,9 +1,15 @@
-"""The manifests rendered once per session by tests/manifests/kustomize.py (no kubectl here)."""
+"""The manifests rendered once per session by tests/manifests/kustomize.py (no kubectl here), and what the
+install tests need to run them on kubesim: patient webhook configurations, Secret volumes written as the
+kubelet writes them, executor pods as Spark sends them."""
 
 from __future__ import annotations
 
 import copy
 import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -14,6 +20,13 @@ from sparkgate.contract import ANNOTATION_PROFILE, GATE
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
+# What the install tests register instead of the rendered `timeoutSeconds` (3 s): the most kube-apiserver
+# accepts (1-30 s, kubernetes pkg/apis/admissionregistration/validation/validation.go) and kubesim's cap.
+# Under failurePolicy Ignore a webhook call slower than its timeout admits the pod silently without
+# sparkgate, and a busy test machine can pause the test's processes for seconds: the tests would blame
+# sparkgate for the machine. The shipped value is checked in test_manifests.py; a TLS or CA failure is
+# still ignored at once, at the handshake, not after the timeout.
+PATIENT_TIMEOUT_SECONDS = 30
 
 
 def _load_kustomize() -> ModuleType:
@@ -36,6 +49,57 @@ def rendered(kustomize: ModuleType) -> dict[tuple[str, str], dict[str, Any]]:
     """(kind, name) → object, for the base install."""
     objects: dict[tuple[str, str], dict[str, Any]] = kustomize.by_kind(kustomize.build(MANIFESTS))
     return objects
+
+
+def patient(config: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a rendered webhook configuration whose webhooks wait PATIENT_TIMEOUT_SECONDS."""
+    copied: dict[str, Any] = copy.deepcopy(config)
+    for webhook in copied["webhooks"]:
+        webhook["timeoutSeconds"] = PATIENT_TIMEOUT_SECONDS
+    return copied
+
+
+@pytest.fixture(scope="session")
+def patient_webhook() -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """`patient`, for the test modules (conftest is not importable under --import-mode=importlib)."""
+    return patient
+
+
+def project_secret_volume(directory: Path, items: dict[str, bytes]) -> None:
+    """Write a Secret volume's items as the kubelet does (kubernetes pkg/volume/util/atomic_writer.go): only
+    when they changed, into a new hidden directory onto which the `..data` symlink is renamed in one step,
+    each item a symlink through `..data`. A reader never sees a new certificate beside an old key."""
+    data = directory / "..data"
+    if (
+        data.is_dir()
+        and sorted(os.listdir(data)) == sorted(items)
+        and all((data / name).read_bytes() == content for name, content in items.items())
+    ):
+        return
+    previous = os.readlink(data) if data.is_symlink() else None
+    version = Path(tempfile.mkdtemp(prefix="..", dir=directory))
+    for name, content in items.items():
+        (version / name).write_bytes(content)
+    _symlink(directory / "..data", version.name)
+    for name in items:  # the first time only: later the rename of `..data` swaps them all at once
+        if not (directory / name).is_symlink():
+            _symlink(directory / name, f"..data/{name}")
+    if previous is not None:
+        shutil.rmtree(directory / previous, ignore_errors=True)
+
+
+def _symlink(path: Path, target: str) -> None:
+    """`path` -> `target`, replacing whatever `path` was in one rename."""
+    staged = path.with_name(f"{path.name}_tmp")
+    staged.unlink(missing_ok=True)
+    staged.symlink_to(target)
+    os.replace(staged, path)
+
+
+@pytest.fixture(scope="session")
+def secret_volume() -> Callable[[Path, dict[str, bytes]], None]:
+    """`project_secret_volume`, for the test modules."""
+    return project_secret_volume
 
 
 class ExecutorPods:

@@ -3,11 +3,13 @@
 Nothing about the processes is restated here: the init containers and containers, their args (after the
 image's ENTRYPOINT, read from the Dockerfile) and their environment come from `manifests/` rendered by
 tests/manifests/kustomize.py. This test plays the kubelet only: it resolves `fieldRef`s, maps each volume
-mount to a local directory (the policy ConfigMap's files, the certificate Secret's items, synced whenever
-the Secret changes, as the kubelet does for a Secret volume), gives the containers that mount the API token
-a kubeconfig for the pod's service account, gives each container port a free loopback port, runs the init
-containers to completion and then starts the containers. The one configuration it adds, as an overlay
-would, is short certificate lifetimes (seconds instead of days) and cycle.
+mount to a local directory (the policy ConfigMap's files, the certificate Secret's items, swapped in all at
+once whenever the Secret changes, as the kubelet does for a Secret volume), gives the containers that mount
+the API token a kubeconfig for the pod's service account, gives each container port a free loopback port,
+runs the init containers to completion and then starts the containers. The one configuration it adds, as
+an overlay would, is short certificate lifetimes (seconds instead of days) and cycle; and the webhook
+configurations are registered with the longest timeout (conftest.PATIENT_TIMEOUT_SECONDS), so that a busy
+machine cannot turn a slow admission into a silent bypass.
 
 Then, with executor pods created at a steady rate through the API server (admitted by the webhook over TLS
 verified against the injected caBundle for the Service's DNS name, as kube-apiserver does): the serving
@@ -29,7 +31,7 @@ import subprocess
 import sys
 import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -50,8 +52,15 @@ SHORT = {  # what an overlay would set to make rotation happen within the test
     "SPARKGATE_CA_LIFETIME": "40s",
     "SPARKGATE_CA_RENEW_BEFORE": "30s",  # a new CA staged 10 s after each CA is made
     "SPARKGATE_SERVING_LIFETIME": "20s",
-    "SPARKGATE_SERVING_RENEW_BEFORE": "14s",  # the serving certificate renewed 6 s after it is made
-    "SPARKGATE_CA_OVERLAP": "2s",
+    "SPARKGATE_SERVING_RENEW_BEFORE": "12s",  # the serving certificate renewed 8 s after it is made
+    # Old and new CA both trusted for 5 s around a switch: switch 5 s after the staging, drop 5 s after the
+    # switch. It is the time the Secret-volume sync thread below and the webhook (which checks its files on
+    # every connection) have to serve the new certificate before the old CA leaves the caBundle; a webhook
+    # still serving a certificate of a dropped CA is a silent bypass under failurePolicy Ignore, and a busy
+    # machine can stall this process's threads for a few seconds. It stays below the 8 s between serving
+    # renewals (a renewal restarts the wait for the drop) and the 10 s between stagings (a due switch
+    # comes before the drop).
+    "SPARKGATE_CA_OVERLAP": "5s",
     "SPARKGATE_CERTS_INTERVAL": "0.5",
 }
 Obj = dict[str, Any]
@@ -68,8 +77,15 @@ def entrypoint() -> list[str]:
 class Kubelet:
     """Runs one pod of the rendered Deployment on this machine."""
 
-    def __init__(self, cluster: Cluster, objects: dict[tuple[str, str], Obj], root: Path) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        objects: dict[tuple[str, str], Obj],
+        root: Path,
+        secret_volume: Callable[[Path, dict[str, bytes]], None],
+    ) -> None:
         self.cluster = cluster
+        self.secret_volume = secret_volume
         self.objects = objects
         self.root = root
         self.spec: Obj = objects[("Deployment", "sparkgate")]["spec"]["template"]["spec"]
@@ -111,7 +127,7 @@ class Kubelet:
                 self._secret_changed.wait(0.5)
 
     def sync_secret_volumes(self) -> None:
-        """Swap the Secret's items into every container that mounts it, atomically per file."""
+        """Swap the Secret's items into every container that mounts it, all at once when they changed."""
         for container in self.spec["containers"]:
             for mount in container.get("volumeMounts") or []:
                 source = self.volumes[mount["name"]].get("secret")
@@ -123,11 +139,10 @@ class Kubelet:
                     )
                 except Exception:
                     continue  # optional: true, not there yet
-                path = self._local(container, mount)
-                for item in source["items"]:
-                    tmp = path / f".{item['path']}.new"
-                    tmp.write_bytes(base64.b64decode(secret["data"][item["key"]]))
-                    os.replace(tmp, path / item["path"])
+                self.secret_volume(
+                    self._local(container, mount),
+                    {i["path"]: base64.b64decode(secret["data"][i["key"]]) for i in source["items"]},
+                )
 
     # --- processes ---------------------------------------------------------------------------------------
 
@@ -219,14 +234,22 @@ def metric(port: int, name: str, labels: str = "") -> float:
 
 
 @pytest.fixture
-def pod(kustomize: ModuleType, tmp_path: Path) -> Iterator[tuple[Kubelet, Cluster]]:
+def pod(
+    kustomize: ModuleType,
+    tmp_path: Path,
+    patient_webhook: Callable[[Obj], Obj],
+    secret_volume: Callable[[Path, dict[str, bytes]], None],
+) -> Iterator[tuple[Kubelet, Cluster]]:
     objects = kustomize.by_kind(kustomize.build(REPO / "manifests"))
+    for key, config in objects.items():  # what the test registers, and re-applies later
+        if key[0].endswith("WebhookConfiguration"):
+            objects[key] = patient_webhook(config)
     with Cluster(nodes=1, namespaces=("default", "kube-system", "sparkgate-system", "spark-jobs")) as cluster:
         # The base installs the mutating webhook only (gate protection is a ValidatingAdmissionPolicy).
         for (kind, _), config in objects.items():
             if kind.endswith("WebhookConfiguration"):
                 cluster.store.create(f"{kind.lower()}s", copy.deepcopy(config))
-        kubelet = Kubelet(cluster, objects, tmp_path)
+        kubelet = Kubelet(cluster, objects, tmp_path, secret_volume)
         try:
             yield kubelet, cluster
         finally:

@@ -1,5 +1,6 @@
 """The install end to end on kubesim: the webhook configurations come from the rendered manifests (their
-service reference mapped to a real `sparkgate webhook` gunicorn process), `sparkgate certs sync` creates
+service reference mapped to a real `sparkgate webhook` gunicorn process; their timeout the longest, see
+conftest.PATIENT_TIMEOUT_SECONDS), `sparkgate certs sync` creates
 the Secret and injects caBundle, kubesim admits executor pods through the webhook over TLS verified against
 that caBundle for the Service's DNS name (as kube-apiserver does), a CA rollover during a stream of pod
 creations fails no admission, and gate protection refuses users but not the allocator or Spark's driver.
@@ -12,9 +13,9 @@ from __future__ import annotations
 import base64
 import copy
 import datetime as dt
-import os
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -34,8 +35,16 @@ Obj = dict[str, Any]
 
 
 class Install:
-    def __init__(self, cluster: Cluster, webhook: LocalWebhook, allocator: Kube, target: Target) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        webhook: LocalWebhook,
+        allocator: Kube,
+        target: Target,
+        secret_volume: Callable[[Path, dict[str, bytes]], None],
+    ) -> None:
         self.cluster, self.webhook, self.allocator, self.target = cluster, webhook, allocator, target
+        self._secret_volume = secret_volume
 
     def secret(self) -> dict[str, bytes]:
         secret = self.cluster.store.get("secrets", "sparkgate-system", "sparkgate-webhook-tls")
@@ -44,10 +53,7 @@ class Install:
     def mount_secret(self) -> None:
         """What the kubelet does for the webhook's Secret volume: swap in the new files atomically."""
         data = self.secret()
-        for name in (TLS_KEY, TLS_CRT):
-            tmp = self.webhook.cert_dir / f".{name}.new"
-            tmp.write_bytes(data[name])
-            os.replace(tmp, self.webhook.cert_dir / name)
+        self._secret_volume(self.webhook.cert_dir, {name: data[name] for name in (TLS_CRT, TLS_KEY)})
 
     def sync(self, lifetimes: Lifetimes | None = None) -> tuple[Step, ...]:
         target = Target(lifetimes=lifetimes) if lifetimes else self.target
@@ -55,7 +61,12 @@ class Install:
 
 
 @pytest.fixture(scope="module")
-def install(kustomize: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
+def install(
+    kustomize: ModuleType,
+    tmp_path_factory: pytest.TempPathFactory,
+    patient_webhook: Callable[[Obj], Obj],
+    secret_volume: Callable[[Path, dict[str, bytes]], None],
+) -> Iterator[Install]:
     objects = kustomize.by_kind(kustomize.build(REPO / "manifests"))
     workdir = tmp_path_factory.mktemp("install")
     with (
@@ -63,12 +74,14 @@ def install(kustomize: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> 
         Cluster(nodes=1, namespaces=("default", "kube-system", "sparkgate-system", "spark-jobs")) as cluster,
     ):
         cluster.register_service("sparkgate-system", "sparkgate-webhook", webhook.url)
+        # With the longest timeout: a slow call on a busy machine must not pass for a failed admission.
         cluster.store.create(
-            "mutatingwebhookconfigurations", objects[("MutatingWebhookConfiguration", "sparkgate")]
+            "mutatingwebhookconfigurations",
+            patient_webhook(objects[("MutatingWebhookConfiguration", "sparkgate")]),
         )
         install_policies(cluster, objects)
         allocator = Kube.from_kubeconfig(str(cluster.add_user(contract.ALLOCATOR_USER)))
-        result = Install(cluster, webhook, allocator, Target())
+        result = Install(cluster, webhook, allocator, Target(), secret_volume)
         assert result.sync() == (Step.CREATE,)
         result.mount_secret()
         yield result
@@ -104,10 +117,14 @@ def test_a_wrong_ca_bundle_means_no_admission_until_certs_sync_repairs_it(
     config["webhooks"][0]["clientConfig"]["caBundle"] = base64.b64encode(stranger).decode()
     store.replace("mutatingwebhookconfigurations", None, "sparkgate", config)
     spark = Kube.from_kubeconfig(str(install.cluster.add_user("system:serviceaccount:spark-jobs:spark")))
-    # failurePolicy Ignore: the pod is created, but without sparkgate.
+    # failurePolicy Ignore: the pod is created, but without sparkgate, and at once: a certificate the
+    # caBundle does not verify fails the TLS handshake, it does not wait out the webhook's timeout.
+    timeout = config["webhooks"][0]["timeoutSeconds"]
+    started = time.monotonic()
     assert not executors.admitted(
         spark.create("/api/v1/namespaces/spark-jobs/pods", executors.pod("bad-ca-1"))
     )
+    assert time.monotonic() - started < timeout
     assert install.sync() == ()  # nothing to do to the Secret, only the bundle to repair
     assert executors.admitted(spark.create("/api/v1/namespaces/spark-jobs/pods", executors.pod("repaired-1")))
     spark.close()

@@ -2,7 +2,7 @@
 
 sparkgate runs on kubesim (sandbox.localsystem: the webhook under gunicorn over TLS, the allocator as a
 process) beside `sparkgate certs sync --loop`, and Prometheus (Debian's package, `make tools`) scrapes all
-three every second over loopback, the webhook over HTTPS verified with its CA. A workload made to bind the
+three every two seconds over loopback, the webhook over HTTPS verified with its CA. A workload made to bind the
 limits runs: Spark drivers on a cluster too small for them, one app held by a missing source ConfigMap,
 a scale-down, an app that ends, a malformed admission request, a refused policy edit, a storm of dropped
 watches. Then:
@@ -16,7 +16,10 @@ watches. Then:
   once the webhook is stopped and a driver creates pods, then the no-leader alert once the allocator is
   stopped. Alerts that the scenario must not trigger are checked to be silent until then.
 
-Prometheus is an external process: the test polls its API with bounded deadlines.
+Prometheus is an external process: the test polls its API with bounded deadlines. Every check of what it
+holds is retried until it passes or its deadline (generous: a safety net) is over, since on a busy machine a
+scrape can fail (up == 0) and leave the target's series stale for an interval; a check that an alert stays
+silent is only taken from a moment when the allocator's last scrape succeeded.
 """
 
 from __future__ import annotations
@@ -84,6 +87,20 @@ def eventually(check: Callable[[], T], timeout: float, what: str, interval: floa
         time.sleep(interval)
 
 
+def settles(problems: Callable[[], list[str]], timeout: float, what: str) -> None:
+    """Poll until `problems` finds none; fail with `what` and the last problems found after `timeout` s."""
+    last: list[str] = []
+
+    def none() -> bool:
+        last[:] = problems()
+        return not last
+
+    try:
+        eventually(none, timeout, what, interval=0.5)
+    except AssertionError:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}:\n" + "\n".join(last)) from None
+
+
 class Prometheus:
     """`prometheus` on a free loopback port with a generated config, its data in a temporary directory."""
 
@@ -92,7 +109,8 @@ class Prometheus:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = {
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+            # A scrape may take up to its whole interval: a slow answer on a busy machine is still a sample.
+            "global": {"scrape_interval": "2s", "scrape_timeout": "2s", "evaluation_interval": "1s"},
             "rule_files": [str(rules)],
             "scrape_configs": scrape,
         }
@@ -337,7 +355,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, prometheus_rule: dict[str, Any
         # unschedulable pods in flight bind, observed by series it already has.
         eventually(
             lambda: prometheus.query('sparkgate_allocator_release_to_bind_seconds_count{namespace="spark"}'),
-            15,
+            60,
             "Prometheus to scrape the first binds",
         )
         cluster.add_node("node-3", cpu="8", memory="64Gi")
@@ -378,8 +396,8 @@ def run(tmp_path_factory: pytest.TempPathFactory, prometheus_rule: dict[str, Any
             )
             return {s["metric"]["watch"] for s in series} == {"copies", "sources"}
 
-        eventually(first_restarts_scraped, 30, "Prometheus to scrape both watches' first restart")
-        deadline = time.monotonic() + 30
+        eventually(first_restarts_scraped, 60, "Prometheus to scrape both watches' first restart")
+        deadline = time.monotonic() + 60
         while restarts() < WATCH_DROPS:
             assert time.monotonic() < deadline, "the allocator did not restart its watches"
             if cluster.faults.drop_watches("configmaps") == 0:
@@ -388,17 +406,17 @@ def run(tmp_path_factory: pytest.TempPathFactory, prometheus_rule: dict[str, Any
         drivers["etl"].scale_to(3)
         adhoc = drivers["adhoc"]
         eventually(
-            lambda: f'app="{adhoc.app_id}"' in allocator.get("/metrics")[1], 10, "adhoc's series in /metrics"
+            lambda: f'app="{adhoc.app_id}"' in allocator.get("/metrics")[1], 30, "adhoc's series in /metrics"
         )
         eventually(
             lambda: prometheus.query(f'sparkgate_allocator_executors{{app="{adhoc.app_id}"}}'),
-            15,
+            60,
             "Prometheus to scrape the adhoc app's series",
         )
         adhoc.stop()
         adhoc.delete_driver_pod()
         eventually(
-            lambda: adhoc.app_id not in allocator.get("/metrics")[1], 30, "adhoc's series to leave /metrics"
+            lambda: adhoc.app_id not in allocator.get("/metrics")[1], 60, "adhoc's series to leave /metrics"
         )
         yield Run(system, prometheus, drivers, adhoc.app_id)
     finally:
@@ -436,32 +454,37 @@ def test_every_panel_query_returns_data(run: Run, panel_queries: list[Any]) -> N
                 if not numbers(prometheus.query(substitute(q.expr, window, **variables)))
             ]
 
-        # Poll until every query has a number (scrapes are asynchronous); the failure lists the empty ones.
-        deadline = time.monotonic() + 30
-        while missing := empty():
-            assert time.monotonic() < deadline, "panel queries without data:\n" + "\n".join(missing)
-            time.sleep(0.5)
-    # The variables filter: one namespace's executors are only that namespace's.
-    window = run.window()
-    by_namespace = prometheus.query(
-        substitute(
-            next(q.expr for q in panel_queries if q.panel == "Executors by state, per namespace"),
-            window,
-            namespace="spark-b",
-        )
-    )
-    assert {s["metric"]["namespace"] for s in by_namespace} == {"spark-b"}
-    top = next(q.expr for q in panel_queries if q.panel.startswith("Executors by state, top"))
-    top_one = prometheus.query(substitute(top, window, top="1"))
-    assert len({s["metric"]["app"] for s in top_one}) == 1
-    assert len({s["metric"]["app"] for s in prometheus.query(substitute(top, window))}) >= 3
-    # The limits bound, in more than one scope, and the workload's events are all there.
-    hits = prometheus.query(f"sum by (scope) (increase(sparkgate_allocator_limit_hits_total[{window}]))")
-    assert len({s["metric"]["scope"] for s in hits if float(s["value"][1]) > 0}) >= 2, hits
-    reasons = prometheus.query("sum by (reason) (sparkgate_allocator_deletions_total)")
-    assert len({s["metric"]["reason"] for s in reasons}) >= 2, reasons
-    outcomes = prometheus.query("sum by (outcome) (sparkgate_webhook_requests_total)")
-    assert {"mutated", "allowed", "bad_request"} <= {s["metric"]["outcome"] for s in outcomes}
+        # Until every query has a number (scrapes are asynchronous); the failure lists the empty ones.
+        settles(empty, 60, "every panel query to return data")
+
+    def unfiltered() -> list[str]:
+        window = run.window()
+        problems = []
+        # The variables filter: one namespace's executors are only that namespace's.
+        per_namespace = next(q.expr for q in panel_queries if q.panel == "Executors by state, per namespace")
+        by_namespace = prometheus.query(substitute(per_namespace, window, namespace="spark-b"))
+        if {s["metric"]["namespace"] for s in by_namespace} != {"spark-b"}:
+            problems.append(f"executors of namespace spark-b: {by_namespace}")
+        top = next(q.expr for q in panel_queries if q.panel.startswith("Executors by state, top"))
+        top_one = {s["metric"]["app"] for s in prometheus.query(substitute(top, window, top="1"))}
+        if len(top_one) != 1:
+            problems.append(f"top 1 apps: {top_one}")
+        top_ten = {s["metric"]["app"] for s in prometheus.query(substitute(top, window))}
+        if len(top_ten) < 3:
+            problems.append(f"top 10 apps: {top_ten}")
+        # The limits bound, in more than one scope, and the workload's events are all there.
+        hits = prometheus.query(f"sum by (scope) (increase(sparkgate_allocator_limit_hits_total[{window}]))")
+        if len({s["metric"]["scope"] for s in hits if float(s["value"][1]) > 0}) < 2:
+            problems.append(f"limit hits: {hits}")
+        reasons = prometheus.query("sum by (reason) (sparkgate_allocator_deletions_total)")
+        if len({s["metric"]["reason"] for s in reasons}) < 2:
+            problems.append(f"deletion reasons: {reasons}")
+        outcomes = prometheus.query("sum by (outcome) (sparkgate_webhook_requests_total)")
+        if not {"mutated", "allowed", "bad_request"} <= {s["metric"]["outcome"] for s in outcomes}:
+            problems.append(f"webhook outcomes: {outcomes}")
+        return problems
+
+    settles(unfiltered, 60, "the filters and the workload's figures")
 
 
 def test_template_variable_queries_return_values(run: Run, dashboard: dict[str, Any]) -> None:
@@ -481,73 +504,82 @@ def test_template_variable_queries_return_values(run: Run, dashboard: dict[str, 
             start = str(time.time() - 5)  # the values of the live series, as Grafana's range of "now"
             return set(run.prometheus.api(f"label/{label}/values", **{"match[]": selector, "start": start}))
 
-        eventually(lambda expected=expected, values=values: expected <= values(), 15, f"${name}'s values")
+        eventually(lambda expected=expected, values=values: expected <= values(), 60, f"${name}'s values")
 
 
 def test_an_ended_apps_series_leave_prometheus(run: Run) -> None:
     prometheus = run.prometheus
     selector = f'sparkgate_allocator_executors{{app="{run.ended_app}"}}'
     assert prometheus.query(f"max_over_time({selector}[{run.window()}])"), "the app's series were scraped"
-    eventually(lambda: not prometheus.query(selector), 10, "the ended app's series to go stale")
-    live = {s["metric"]["app"] for s in prometheus.query("sparkgate_allocator_executors")}
-    assert run.ended_app not in live and run.drivers["etl"].app_id in live
+
+    def left() -> bool:
+        # From a scrape that has the live apps' series (a failed one would make every series stale).
+        live = {s["metric"]["app"] for s in prometheus.query("sparkgate_allocator_executors")}
+        return run.ended_app not in live and run.drivers["etl"].app_id in live
+
+    eventually(left, 60, "the ended app's series to go stale while the live apps' stay")
 
 
 def test_every_alert_fires_in_its_scenario(run: Run, alert_rules: list[dict[str, Any]]) -> None:
     prometheus, system = run.prometheus, run.system
     names = {rule["alert"] for rule in alert_rules}
     held = run.drivers["held"].app_id
-    by_workload = {
-        "SparkgateWebhookErrors",
-        "SparkgateExecutorsHeld",
-        "SparkgateWatchRestartStorm",
-        "SparkgateCertificateExpiresSoon",
-        "SparkgatePolicyRejected",
-        "SparkgateProfileRefused",
-        "SparkgateCaBundleDrift",
+    # The alerts the workload triggers, each naming what caused it and nothing else: the labels that name
+    # the cause, of every firing instance, sorted.
+    causes: dict[str, tuple[Callable[[dict[str, str]], Any], list[Any]]] = {
+        "SparkgateExecutorsHeld": (lambda a: (a["namespace"], a["app"]), [("spark-held", held)]),
+        "SparkgateWebhookErrors": (lambda a: (a["endpoint"], a["outcome"]), [("mutate", "bad_request")]),
+        "SparkgateWatchRestartStorm": (lambda a: a["watch"], ["copies", "sources"]),
+        # The certificate the local webhook serves lives a day; the Secret's live 90 days and 3 years.
+        "SparkgateCertificateExpiresSoon": (lambda a: a["certificate"], ["webhook-serving"]),
+        "SparkgatePolicyRejected": (lambda a: a["job"], ["sparkgate-allocator", "sparkgate-webhook"]),
+        # The blanked caBundle, repaired by the certificate loop.
+        "SparkgateCaBundleDrift": (lambda a: a["job"], ["sparkgate-certs"]),
+        # The leader's policy probe: the profile naming a PriorityClass that does not exist, where it applies.
+        "SparkgateProfileRefused": (lambda a: (a["profile"], a["namespace"]), [("refused", "spark-refused")]),
     }
     later = {"SparkgateWebhookBypassed", "SparkgateNoAllocatorLeader"}
-    assert by_workload | later == names, "every alert has a scenario here"
-    eventually(
-        lambda: by_workload <= {a["labels"]["alertname"] for a in prometheus.alerts()},
-        30,
-        "the workload's alerts to fire",
-    )
-    assert not later & {a["labels"]["alertname"] for a in prometheus.alerts() + prometheus.alerts("pending")}
-    # Each names what caused it, and nothing else.
-    assert [(a["namespace"], a["app"]) for a in prometheus.firing("SparkgateExecutorsHeld")] == [
-        ("spark-held", held)
-    ]
-    assert [(a["endpoint"], a["outcome"]) for a in prometheus.firing("SparkgateWebhookErrors")] == [
-        ("mutate", "bad_request")
-    ]
-    assert {a["watch"] for a in prometheus.firing("SparkgateWatchRestartStorm")} == {"copies", "sources"}
-    # The certificate the local webhook serves lives a day; the Secret's certificates live 90 days and 3 years.
-    assert [a["certificate"] for a in prometheus.firing("SparkgateCertificateExpiresSoon")] == [
-        "webhook-serving"
-    ]
-    assert {a["job"] for a in prometheus.firing("SparkgatePolicyRejected")} == {
-        "sparkgate-webhook",
-        "sparkgate-allocator",
-    }
-    # The blanked caBundle, repaired by the certificate loop.
-    assert {a["job"] for a in prometheus.firing("SparkgateCaBundleDrift")} == {"sparkgate-certs"}
-    # The leader's policy probe: the profile naming a PriorityClass that does not exist, where it applies.
-    assert [(a["profile"], a["namespace"]) for a in prometheus.firing("SparkgateProfileRefused")] == [
-        ("refused", "spark-refused")
-    ]
+    assert causes.keys() | later == names, "every alert has a scenario here"
+
+    def workload_alerts() -> list[str]:
+        firing = prometheus.alerts()
+        problems = []
+        for name, (cause, wanted) in causes.items():
+            got = sorted(cause(a["labels"]) for a in firing if a["labels"]["alertname"] == name)
+            if got != wanted:
+                problems.append(f"{name}: {got!r} firing, expected {wanted!r}")
+        return problems
+
+    settles(workload_alerts, 60, "the workload's alerts to fire, each naming its cause")
+
+    def silent(quiet: set[str]) -> Callable[[], list[str]]:
+        """Alerts neither firing nor pending, seen while the allocator is scraped: a failed scrape makes
+        its series stale, and no series at all is what the no-leader alert is about."""
+
+        def problems() -> list[str]:
+            if not prometheus.query('up{job="sparkgate-allocator"} == 1'):
+                return ["the allocator's last scrape failed"]
+            active = {a["labels"]["alertname"] for a in prometheus.alerts() + prometheus.alerts("pending")}
+            return [f"{name} is active" for name in sorted(quiet & active)]
+
+        return problems
+
+    settles(silent(later), 60, "the alerts of the scenarios to come to be silent")
 
     # The webhook goes away: an executor pod is admitted without sparkgate (failurePolicy Ignore).
     assert system.webhook is not None and system.allocator is not None
     system.webhook.stop()
     system.cluster.spark_driver("spark-b", "bypass", executors=2, batch_size=2, batch_delay=0.2)
-    eventually(lambda: prometheus.firing("SparkgateWebhookBypassed"), 30, "the bypass alert")
-    assert [a["namespace"] for a in prometheus.firing("SparkgateWebhookBypassed")] == ["spark-b"]
-    assert not prometheus.firing("SparkgateNoAllocatorLeader")
+    eventually(
+        lambda: [a["namespace"] for a in prometheus.firing("SparkgateWebhookBypassed")] == ["spark-b"],
+        60,
+        "the bypass alert, for spark-b alone",
+    )
+    settles(silent({"SparkgateNoAllocatorLeader"}), 60, "the no-leader alert to be silent")
 
     # The allocator goes away: nobody leads.
     system.allocator.stop()
-    eventually(lambda: prometheus.firing("SparkgateNoAllocatorLeader"), 30, "the no-leader alert")
+    eventually(lambda: prometheus.firing("SparkgateNoAllocatorLeader"), 60, "the no-leader alert")
 
     # Every rule evaluated without error all along.
     rules = [r for g in prometheus.api("rules")["groups"] for r in g["rules"]]

@@ -16,6 +16,8 @@ from sandbox.demo.view import live_view, plain_line
 from sandbox.demo.workload import Run, Tracker
 from sparkgate import contract
 
+DURATION = 120  # seconds
+
 
 def processes_mentioning(text: str) -> list[str]:
     found = []
@@ -42,13 +44,17 @@ def test_the_demo_compares_without_and_with_and_leaves_nothing_behind(tmp_path: 
             "demo",
             "--scenario",
             "tiny",
+            # Each run's bound, instead of the scenario's 30 s (an idle machine needs about 7): a busy one
+            # must not turn slow progress into an incomplete run. A run that completes ends at once.
+            "--duration",
+            str(DURATION),
             "--no-live",
             "--json",
             str(out),
         ],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=2 * DURATION + 120,  # both runs at their bound, and the processes' start and stop
         env=env,
     )
     assert done.returncode == 0, done.stdout + done.stderr
