@@ -7,7 +7,13 @@
 
 `LocalSystem(..., sparkgate=False)` is the same cluster with nothing installed: the baseline. The webhook
 configurations are those of manifests/base/webhooks.yaml (objectSelector spark-role=executor, the system
-namespaces excluded, failurePolicy Ignore), with a loopback URL instead of the Service.
+namespaces excluded, failurePolicy Ignore), with a loopback URL instead of the Service and a longer
+timeout: `webhook_timeout`, 30 s (the API server's maximum) unless told otherwise. Here the API server, the
+scheduler, the kubelets and the drivers share one machine, often a busy one, with the webhook: a slow
+admission call measures that machine, not sparkgate, and under failurePolicy Ignore it would silently admit
+an executor without its gate, which the tests, the demo's "admitted without sparkgate" count and the
+benchmarks would all report as sparkgate's doing. A webhook that is down still fails at once (connection
+refused). The shipped configurations keep their short timeouts (manifests/base/webhooks.yaml).
 """
 
 from __future__ import annotations
@@ -30,15 +36,20 @@ from sparkgate import contract
 
 
 def webhook_configurations(
-    url: str, ca_pem: bytes, failure_policy: str = "Ignore"
+    url: str, ca_pem: bytes, *, timeout_seconds: int, failure_policy: str = "Ignore"
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The mutating (executor CREATE) and the gate-protecting validating (pod UPDATE) configurations."""
+    """The mutating (executor CREATE) and the gate-protecting validating (pod UPDATE) configurations,
+    calling the webhook with `timeout_seconds` (1 to 30, as the API server validates it)."""
+    if not 1 <= timeout_seconds <= 30:
+        raise ValueError(
+            f"timeoutSeconds {timeout_seconds}: the timeout value must be between 1 and 30 seconds"
+        )
     ca = base64.b64encode(ca_pem).decode()
     common: dict[str, Any] = {
         "admissionReviewVersions": ["v1"],
         "sideEffects": "None",
         "failurePolicy": failure_policy,
-        "timeoutSeconds": 5,
+        "timeoutSeconds": timeout_seconds,
         "objectSelector": {"matchLabels": {contract.LABEL_ROLE: contract.ROLE_EXECUTOR}},
         "namespaceSelector": {
             "matchExpressions": [
@@ -129,11 +140,17 @@ class AllocatorProcess:
             )
 
     def get(self, path: str) -> tuple[int, str]:
+        """(status, body); (0, the error) when no answer came: refused (the process is not listening yet,
+        or has died) or none within 30 s (a safety net: a busy machine may pause everything for seconds).
+        So a `wait_for` predicate testing the status sees False instead of raising; helpers that need a
+        200 raise with the error."""
         try:
-            with urllib.request.urlopen(f"{self.url}{path}", timeout=5) as r:
+            with urllib.request.urlopen(f"{self.url}{path}", timeout=30) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
+        except OSError as e:  # URLError, ConnectionError, TimeoutError
+            return 0, f"no answer from {self.url}{path}: {e}"
 
     def apps(self) -> dict[str, Any]:
         code, body = self.get("/apps")
@@ -161,6 +178,7 @@ class LocalSystem:
         namespaces: tuple[str, ...] = ("spark",),
         allocator_tick: float = 0.5,
         allocator_log_level: str = "info",
+        webhook_timeout: int = 30,
         **cluster_options: Any,
     ) -> None:
         self.policy = policy
@@ -169,6 +187,7 @@ class LocalSystem:
         self.namespaces = namespaces
         self.allocator_tick = allocator_tick
         self.allocator_log_level = allocator_log_level
+        self.webhook_timeout = webhook_timeout
         self.cluster = Cluster(**cluster_options)
         self.webhook: LocalWebhook | None = None
         self.allocator: AllocatorProcess | None = None
@@ -184,7 +203,9 @@ class LocalSystem:
                     self.policy, self.workdir / "webhook", allocator_users=(contract.ALLOCATOR_USER,)
                 )
                 self.webhook.start()
-                mutating, validating = webhook_configurations(self.webhook.url, self.webhook.ca_pem)
+                mutating, validating = webhook_configurations(
+                    self.webhook.url, self.webhook.ca_pem, timeout_seconds=self.webhook_timeout
+                )
                 self.cluster.store.create("mutatingwebhookconfigurations", mutating)
                 self.cluster.store.create("validatingwebhookconfigurations", validating)
                 self.allocator = AllocatorProcess(

@@ -107,7 +107,8 @@ def soak(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, 
     ):
         for namespace in ("spark", "spark-b", DENIED):
             cluster.add_namespace(namespace)
-        mutating, validating = webhook_configurations(webhook.url, webhook.ca_pem)
+        # The longest timeout: a busy machine must not silently bypass the gate (the bypass counts are checked).
+        mutating, validating = webhook_configurations(webhook.url, webhook.ca_pem, timeout_seconds=30)
         cluster.store.create("mutatingwebhookconfigurations", mutating)
         cluster.store.create("validatingwebhookconfigurations", validating)
         kube = Kube.from_kubeconfig(str(cluster.add_user(contract.ALLOCATOR_USER)))
