@@ -35,13 +35,14 @@ def test_one_app_100_executors_batch_10_pending_20_room_for_50(system: Any) -> N
     # "previous batch bound" holds the rest gated: the scheduler never sees more than one batch of
     # unschedulable pods. (That batch is smaller than 10 when fewer pods were gated at that moment.)
 
-    def app() -> dict[str, Any]:
-        return next(a for a in allocator.apps()["apps"] if a["appId"] == driver.app_id)
+    def app() -> dict[str, Any] | None:
+        return next((a for a in allocator.apps()["apps"] if a["appId"] == driver.app_id), None)
 
     def settled() -> bool:
-        a = app()  # /apps serves the allocator's cache, a watch event behind the store
+        a = app()  # /apps serves the allocator's cache, a watch event behind the store: maybe no app yet
         return (
-            len(driver.created) == 100
+            a is not None
+            and len(driver.created) == 100
             and running(cluster, driver.app_id) == 50
             and a["running"] == 50
             and a["inFlight"] >= 1
@@ -50,11 +51,13 @@ def test_one_app_100_executors_batch_10_pending_20_room_for_50(system: Any) -> N
         )
 
     cluster.wait_for(settled, timeout=90, what="50 running, one unschedulable batch, the rest gated")
-    assert 1 <= app()["inFlight"] <= 10 and gated(cluster, driver.app_id) == app()["gated"] >= 40
+    settled_app = app()
+    assert settled_app is not None
+    assert 1 <= settled_app["inFlight"] <= 10 and gated(cluster, driver.app_id) == settled_app["gated"] >= 40
     assert observer.violations == []
     assert observer.max_in_flight[driver.app_id] <= 20 and observer.max_unbound[driver.app_id] <= 10
-    assert app()["profile"] == "spark"
-    assert app()["limits"]["batchSize"] == 10 and app()["limits"]["maxPendingPerApp"] == 20
+    assert settled_app["profile"] == "spark"
+    assert settled_app["limits"]["batchSize"] == 10 and settled_app["limits"]["maxPendingPerApp"] == 20
     driver.scale_to(40)
     cluster.wait_for(
         lambda: gated(cluster, driver.app_id) == 0, timeout=60, what="scale-down deletes the pending pods"
