@@ -8,7 +8,7 @@
 `LocalSystem(..., sparkgate=False)` is the same cluster with nothing installed: the baseline. The webhook
 configurations are those of manifests/base/webhooks.yaml (objectSelector spark-role=executor, the system
 namespaces excluded, failurePolicy Ignore), with a loopback URL instead of the Service and a longer
-timeout: `webhook_timeout`, 30 s (the API server's maximum) unless told otherwise. Here the API server, the
+timeout: WEBHOOK_TIMEOUT, 30 s, the API server's maximum. Here the API server, the
 scheduler, the kubelets and the drivers share one machine, often a busy one, with the webhook: a slow
 admission call measures that machine, not sparkgate, and under failurePolicy Ignore it would silently admit
 an executor without its gate, which the tests, the demo's "admitted without sparkgate" count and the
@@ -34,16 +34,14 @@ from kubesim.cluster import Cluster
 from sandbox.local_webhook import LocalWebhook, free_port
 from sparkgate import contract
 
+WEBHOOK_TIMEOUT = 30  # seconds: the longest the API server allows (see the module docstring)
+
 
 def webhook_configurations(
-    url: str, ca_pem: bytes, *, timeout_seconds: int, failure_policy: str = "Ignore"
+    url: str, ca_pem: bytes, *, timeout_seconds: int = WEBHOOK_TIMEOUT, failure_policy: str = "Ignore"
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The mutating (executor CREATE) and the gate-protecting validating (pod UPDATE) configurations,
-    calling the webhook with `timeout_seconds` (1 to 30, as the API server validates it)."""
-    if not 1 <= timeout_seconds <= 30:
-        raise ValueError(
-            f"timeoutSeconds {timeout_seconds}: the timeout value must be between 1 and 30 seconds"
-        )
+    calling the webhook with `timeout_seconds` (the API server accepts 1 to 30)."""
     ca = base64.b64encode(ca_pem).decode()
     common: dict[str, Any] = {
         "admissionReviewVersions": ["v1"],
@@ -142,8 +140,10 @@ class AllocatorProcess:
     def get(self, path: str) -> tuple[int, str]:
         """(status, body); (0, the error) when no answer came: refused (the process is not listening yet,
         or has died) or none within 30 s (a safety net: a busy machine may pause everything for seconds).
-        So a `wait_for` predicate testing the status sees False instead of raising; helpers that need a
-        200 raise with the error."""
+        So a `wait_for` predicate testing the status sees False instead of raising (the allocator may not
+        listen yet); helpers that need a 200 (`apps()`, the tests' own) raise with the error: once the
+        allocator served, no answer means it died or hung for 30 s, the failure itself, which waiting
+        longer would only hide behind a timeout."""
         try:
             with urllib.request.urlopen(f"{self.url}{path}", timeout=30) as r:
                 return r.status, r.read().decode()
@@ -178,7 +178,6 @@ class LocalSystem:
         namespaces: tuple[str, ...] = ("spark",),
         allocator_tick: float = 0.5,
         allocator_log_level: str = "info",
-        webhook_timeout: int = 30,
         **cluster_options: Any,
     ) -> None:
         self.policy = policy
@@ -187,7 +186,6 @@ class LocalSystem:
         self.namespaces = namespaces
         self.allocator_tick = allocator_tick
         self.allocator_log_level = allocator_log_level
-        self.webhook_timeout = webhook_timeout
         self.cluster = Cluster(**cluster_options)
         self.webhook: LocalWebhook | None = None
         self.allocator: AllocatorProcess | None = None
@@ -203,9 +201,7 @@ class LocalSystem:
                     self.policy, self.workdir / "webhook", allocator_users=(contract.ALLOCATOR_USER,)
                 )
                 self.webhook.start()
-                mutating, validating = webhook_configurations(
-                    self.webhook.url, self.webhook.ca_pem, timeout_seconds=self.webhook_timeout
-                )
+                mutating, validating = webhook_configurations(self.webhook.url, self.webhook.ca_pem)
                 self.cluster.store.create("mutatingwebhookconfigurations", mutating)
                 self.cluster.store.create("validatingwebhookconfigurations", validating)
                 self.allocator = AllocatorProcess(

@@ -96,8 +96,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, observe: Any) -> Iter
         LocalWebhook(policy, tmp_path / "webhook", allocator_users=(contract.ALLOCATOR_USER,)) as webhook,
     ):
         cluster.add_namespace(NS)
-        # The longest timeout: on a busy machine a slow call must not admit an executor without its gate.
-        mutating, validating = webhook_configurations(webhook.url, webhook.ca_pem, timeout_seconds=30)
+        mutating, validating = webhook_configurations(webhook.url, webhook.ca_pem)
         cluster.store.create("mutatingwebhookconfigurations", mutating)
         cluster.store.create("validatingwebhookconfigurations", validating)
         w = World(cluster, webhook, policy, tmp_path, observe(cluster, PER_APP, PER_NS, 100, BATCH))

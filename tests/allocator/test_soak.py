@@ -107,8 +107,7 @@ def soak(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, 
     ):
         for namespace in ("spark", "spark-b", DENIED):
             cluster.add_namespace(namespace)
-        # The longest timeout: a busy machine must not silently bypass the gate (the bypass counts are checked).
-        mutating, validating = webhook_configurations(webhook.url, webhook.ca_pem, timeout_seconds=30)
+        mutating, validating = webhook_configurations(webhook.url, webhook.ca_pem)
         cluster.store.create("mutatingwebhookconfigurations", mutating)
         cluster.store.create("validatingwebhookconfigurations", validating)
         kube = Kube.from_kubeconfig(str(cluster.add_user(contract.ALLOCATOR_USER)))
