@@ -7,7 +7,13 @@
 
 `LocalSystem(..., sparkgate=False)` is the same cluster with nothing installed: the baseline. The webhook
 configurations are those of manifests/base/webhooks.yaml (objectSelector spark-role=executor, the system
-namespaces excluded, failurePolicy Ignore), with a loopback URL instead of the Service.
+namespaces excluded, failurePolicy Ignore), with a loopback URL instead of the Service and a longer
+timeout: WEBHOOK_TIMEOUT, 30 s, the API server's maximum. Here the API server, the
+scheduler, the kubelets and the drivers share one machine, often a busy one, with the webhook: a slow
+admission call measures that machine, not sparkgate, and under failurePolicy Ignore it would silently admit
+an executor without its gate, which the tests, the demo's "admitted without sparkgate" count and the
+benchmarks would all report as sparkgate's doing. A webhook that is down still fails at once (connection
+refused). The shipped configurations keep their short timeouts (manifests/base/webhooks.yaml).
 """
 
 from __future__ import annotations
@@ -28,17 +34,20 @@ from kubesim.cluster import Cluster
 from sandbox.local_webhook import LocalWebhook, free_port
 from sparkgate import contract
 
+WEBHOOK_TIMEOUT = 30  # seconds: the longest the API server allows (see the module docstring)
+
 
 def webhook_configurations(
-    url: str, ca_pem: bytes, failure_policy: str = "Ignore"
+    url: str, ca_pem: bytes, *, timeout_seconds: int = WEBHOOK_TIMEOUT, failure_policy: str = "Ignore"
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The mutating (executor CREATE) and the gate-protecting validating (pod UPDATE) configurations."""
+    """The mutating (executor CREATE) and the gate-protecting validating (pod UPDATE) configurations,
+    calling the webhook with `timeout_seconds` (the API server accepts 1 to 30)."""
     ca = base64.b64encode(ca_pem).decode()
     common: dict[str, Any] = {
         "admissionReviewVersions": ["v1"],
         "sideEffects": "None",
         "failurePolicy": failure_policy,
-        "timeoutSeconds": 5,
+        "timeoutSeconds": timeout_seconds,
         "objectSelector": {"matchLabels": {contract.LABEL_ROLE: contract.ROLE_EXECUTOR}},
         "namespaceSelector": {
             "matchExpressions": [
@@ -129,11 +138,19 @@ class AllocatorProcess:
             )
 
     def get(self, path: str) -> tuple[int, str]:
+        """(status, body); (0, the error) when no answer came: refused (the process is not listening yet,
+        or has died) or none within 30 s (a safety net: a busy machine may pause everything for seconds).
+        So a `wait_for` predicate testing the status sees False instead of raising (the allocator may not
+        listen yet); helpers that need a 200 (`apps()`, the tests' own) raise with the error: once the
+        allocator served, no answer means it died or hung for 30 s, the failure itself, which waiting
+        longer would only hide behind a timeout."""
         try:
-            with urllib.request.urlopen(f"{self.url}{path}", timeout=5) as r:
+            with urllib.request.urlopen(f"{self.url}{path}", timeout=30) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
+        except OSError as e:  # URLError, ConnectionError, TimeoutError
+            return 0, f"no answer from {self.url}{path}: {e}"
 
     def apps(self) -> dict[str, Any]:
         code, body = self.get("/apps")

@@ -1,9 +1,15 @@
 """The scheduler extender end to end: kubesim's scheduler runs the `sparkgate` profile of the scheduler
-overlay's KubeSchedulerConfiguration (weight 5, ignorable, 500ms timeout), whose extender is the real
+overlay's KubeSchedulerConfiguration (its URL, verbs, weight 5, nodeCacheCapable), whose extender is the real
 allocator process (POST /scheduler/filter and /scheduler/prioritize over HTTP, as kube-scheduler's
 HTTPExtender calls it: pkg/scheduler/extender.go), the real webhook sets the executors' schedulerName, and
 simulated kubelets OOM-kill every executor that starts on a bad node (exit 137, reason OOMKilled, as the
 kubelet reports a container killed by the kernel's OOM killer).
+
+The overlay ships the extender `ignorable` with a 500ms httpTimeout: on a busy machine one slow answer would
+then be skipped in silence and the pod placed by kube-scheduler alone (on the killing node), so a test would
+pass or fail on the machine's load. Here the extender is not ignorable and has 30 s: every placement is
+sparkgate's answer, and an extender error is a SchedulerError every test fails on (`Bindings.errors`). The
+shipped ignorable extender is exercised where that is the point (the allocator down).
 
 Each app runs one executor at a time where failures matter, so a failed executor is always seen by the
 allocator before its replacement is scheduled: the watch delivers the failure before the new pod's creation.
@@ -15,6 +21,7 @@ import json
 import re
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,20 +45,44 @@ profiles:
 """
 
 
-class Bindings:
-    """Every executor binding, in order: app id -> [node, ...] (a store listener sees each change)."""
+def overlay_profile(url_prefix: str) -> tuple[str, list[Extender]]:
+    """The scheduler name and the extenders, as shipped, of the overlay's own KubeSchedulerConfiguration,
+    the extenders' urlPrefix replaced."""
+    config = next(
+        yaml.safe_load(o["data"]["scheduler-config.yaml"])
+        for o in yaml.safe_load_all(OVERLAY.read_text())
+        if o["kind"] == "ConfigMap"
+    )
+    (profile,) = config["profiles"]
+    return profile["schedulerName"], [Extender.from_config(e, url_prefix) for e in config["extenders"]]
 
-    def __init__(self, cluster: Cluster) -> None:
+
+class Bindings:
+    """Every executor binding, in order: app id -> [node, ...] (a store listener sees each change), and
+    every extender error of the overlay's profile: a SchedulerError condition kube-scheduler writes when a
+    non-ignorable extender fails (handleSchedulingFailure)."""
+
+    def __init__(self, cluster: Cluster, scheduler_name: str) -> None:
+        self.scheduler_name = scheduler_name
         self.lock = threading.Lock()
         self.seen: set[str] = set()
         self.nodes: dict[str, list[str]] = {}
+        self.errors: list[str] = []
         self.unsubscribe = cluster.store.subscribe(self.on_change)
 
     def on_change(self, kind: str, resource: str, obj: dict[str, Any]) -> None:
+        if resource != "pods":
+            return
         meta = obj.get("metadata") or {}
         labels = meta.get("labels") or {}
-        node = (obj.get("spec") or {}).get("nodeName")
-        if resource != "pods" or labels.get("spark-role") != "executor" or not node:
+        spec = obj.get("spec") or {}
+        node = spec.get("nodeName")
+        if spec.get("schedulerName") == self.scheduler_name:
+            for c in (obj.get("status") or {}).get("conditions") or ():
+                if c.get("type") == "PodScheduled" and c.get("reason") == "SchedulerError":
+                    with self.lock:
+                        self.errors.append(f"{meta.get('name')}: {c.get('message')}")
+        if labels.get("spark-role") != "executor" or not node:
             return
         with self.lock:
             if meta["uid"] not in self.seen:
@@ -65,8 +96,8 @@ class Bindings:
 
 @pytest.fixture
 def start(tmp_path: Path) -> Iterator[Any]:
-    """start(nodes=[(name, cpu, zone)], scheduling=..., profile=..., batch=1, ignorable=True)
-    -> (cluster, allocator, bindings)."""
+    """start(nodes=[(name, cpu, zone)], scheduling=..., profile=..., batch=1) -> (cluster, allocator,
+    bindings); after the test, no extender error may have happened on the overlay's profile."""
     systems: list[LocalSystem] = []
     recorders: list[Bindings] = []
 
@@ -88,18 +119,13 @@ def start(tmp_path: Path) -> Iterator[Any]:
             system.cluster.add_node(name, cpu=cpu, memory="1000Gi", labels=labels)
         system.start()
         assert system.allocator is not None
-        # The overlay's own KubeSchedulerConfiguration, its urlPrefix pointed at this allocator.
-        config = next(
-            yaml.safe_load(o["data"]["scheduler-config.yaml"])
-            for o in yaml.safe_load_all(OVERLAY.read_text())
-            if o["kind"] == "ConfigMap"
-        )
-        (profile,) = config["profiles"]
+        # The overlay's own extender, its urlPrefix pointed at this allocator, made strict and patient: a
+        # slow answer is waited for, an error is a SchedulerError (see the module docstring).
+        name, extenders = overlay_profile(f"{system.allocator.url}/scheduler")
         system.cluster.scheduler.add_profile(
-            profile["schedulerName"],
-            [Extender.from_config(e, f"{system.allocator.url}/scheduler") for e in config["extenders"]],
+            name, [replace(e, ignorable=False, http_timeout=30.0) for e in extenders]
         )
-        recorders.append(Bindings(system.cluster))
+        recorders.append(Bindings(system.cluster, name))
         system.cluster.wait_for(
             lambda: system.allocator is not None and system.allocator.get("/readyz")[0] == 200,
             timeout=60,
@@ -112,6 +138,7 @@ def start(tmp_path: Path) -> Iterator[Any]:
         recorder.unsubscribe()
     for system in reversed(systems):
         system.stop()
+    assert [e for r in recorders for e in r.errors] == [], "the extender failed: placements not sparkgate's"
 
 
 def driver(cluster: Cluster, name: str, executors: int = 1, **options: Any) -> SparkDriver:
@@ -210,7 +237,9 @@ def test_an_exclusion_ends_with_its_window(start: Any) -> None:
     executor of the same app lands there again (waiting for the condition, never for a time)."""
     cluster, allocator, bindings = start(
         nodes=[("node-1", "32", None), ("node-2", "2", None)],
-        scheduling="{failuresPerApp: 1, failureWindowSeconds: 2}",
+        # 10 s: the replacement executor is scheduled well within the window even on a busy machine (with 2 s,
+        # a slow reschedule found node-1 allowed again); the wait below is for the expiry, not a time.
+        scheduling="{failuresPerApp: 1, failureWindowSeconds: 10}",
         profile="{schedulerName: sparkgate}",
     )
     cluster.kubelet.fail_on("node-1")
@@ -240,12 +269,16 @@ def test_when_every_node_is_refused_executors_still_schedule(start: Any) -> None
 
 
 def test_with_the_allocator_down_an_ignorable_extender_does_not_stop_scheduling(start: Any) -> None:
-    """kube-scheduler skips an ignorable extender that errs (findNodesThatPassExtenders: IsIgnorable); a
-    non-ignorable one fails the attempt: FailedScheduling with the error, PodScheduled=False reason
-    SchedulerError (handleSchedulingFailure)."""
+    """kube-scheduler skips an ignorable extender that errs (findNodesThatPassExtenders: IsIgnorable): the
+    overlay's extender as shipped (ignorable) does not stop scheduling; a non-ignorable one fails the
+    attempt: FailedScheduling with the error, PodScheduled=False reason SchedulerError
+    (handleSchedulingFailure). (The allocator is down: both calls are refused at once.)"""
     cluster, allocator, _ = start(nodes=[("node-1", "8", None), ("node-2", "8", None)])
     url = f"{allocator.url}/scheduler"
-    cluster.scheduler.add_profile("strict", [Extender(url, ignorable=False, http_timeout=1)])
+    _, (shipped,) = overlay_profile(url)
+    assert shipped.ignorable
+    cluster.scheduler.add_profile("tolerant", [shipped])
+    cluster.scheduler.add_profile("strict", [Extender(url, ignorable=False, http_timeout=30)])
     allocator.kill()
 
     def pod(name: str, scheduler: str) -> dict[str, Any]:
@@ -254,7 +287,7 @@ def test_with_the_allocator_down_an_ignorable_extender_does_not_stop_scheduling(
             "spec": {"schedulerName": scheduler, "containers": [{"name": "c", "image": "busybox"}]},
         }
 
-    cluster.store.create("pods", pod("tolerant", "sparkgate"))
+    cluster.store.create("pods", pod("tolerant", "tolerant"))
     cluster.store.create("pods", pod("strict", "strict"))
     node = lambda name: cluster.store.get("pods", "spark", name)["spec"].get("nodeName")  # noqa: E731
     cluster.wait_for(lambda: node("tolerant") is not None, what="the pod of the ignorable profile bound")

@@ -54,8 +54,8 @@ class World:
         self.observer = observer
         self.allocators: list[AllocatorProcess] = []
 
-    def allocator(self, identity: str) -> AllocatorProcess:
-        process = AllocatorProcess(self.cluster, self.policy, self.workdir, identity)
+    def allocator(self, identity: str, **options: Any) -> AllocatorProcess:
+        process = AllocatorProcess(self.cluster, self.policy, self.workdir, identity, **options)
         self.allocators.append(process)
         return process
 
@@ -147,9 +147,13 @@ def test_kill_9_mid_ramp_then_a_new_allocator_finishes_within_the_limits(world: 
 
 
 def test_api_faults_and_a_leader_hand_over_keep_the_limits(world: World) -> None:
-    first = world.allocator("alloc-a")
+    # Two live allocators: with the short default lease a pause of the machine longer than it would let the
+    # follower take over on its own (the leader then gets 409 and exits). A long lease keeps the only
+    # hand-over the planned one, which stays immediate: a graceful stop releases the lease.
+    lease = {"lease_duration": 15.0, "renew_deadline": 10.0}
+    first = world.allocator("alloc-a", **lease)
     world.wait_leader("alloc-a")
-    second = world.allocator("alloc-b")  # a follower with a warm cache
+    second = world.allocator("alloc-b", **lease)  # a follower with a warm cache
     drivers = start_apps(world, 40)
     faults = world.cluster.faults
     faults.fail("patch", "pods", 500, count=3)  # within kube.py's retries
