@@ -45,14 +45,15 @@ from .model import (
     PodRecord,
     Release,
     Snapshot,
+    executor_order,
 )
 
 
 @dataclass(frozen=True)
 class AppSettings:
-    """What was in force for an app at the last decision (for /apps and metrics)."""
+    """What was in force for an app at the last decision (for /apps and metrics; the profile is the app
+    view's, known to every replica)."""
 
-    profile: str | None
     allocation: Allocation
     waiting_for: str | None  # why gated pods still wait, None when nothing waits
 
@@ -134,10 +135,6 @@ def _copy_memory(memory: AppMemory) -> AppMemory:
     return copied
 
 
-def _order(pod: PodRecord) -> tuple[int, int, str]:
-    return (0, pod.exec_id, pod.name) if pod.exec_id is not None else (1, 0, pod.name)
-
-
 def decide(
     snapshot: Snapshot,
     policy: Policy,
@@ -201,8 +198,8 @@ def _decide_app(
     """One app's actions and settings (memory and the shared budgets updated)."""
     out: list[Action] = []
     app = snapshot.apps[key]
-    pods = sorted(app.pods, key=_order)
-    profile = _profile(policy, pods)
+    pods = sorted(app.pods, key=executor_order)
+    profile = policy.profile_named(app.profile) if app.profile else None
     allocation, problems = policy.allocation_for(profile, _annotations(pods))
     first = pods[0] if pods else None
     for problem in problems:
@@ -257,9 +254,7 @@ def _decide_app(
         type_ = "Warning" if scope == "source" else "Normal"
         reason = "SourceConfigMapMissing" if scope == "source" else "Waiting"
         out.append(_event(key, gated[0], type_, reason, f"waiting: {message}", f"{key}/waiting/{scope}"))
-    return out, AppSettings(
-        profile.name if profile else None, allocation, waiting[1] if waiting and gated else None
-    )
+    return out, AppSettings(allocation, waiting[1] if waiting and gated else None)
 
 
 def _release(
@@ -345,13 +340,6 @@ def _release(
     mem.last_release_at = now
     mem.waiting_since = now if len(gated) > n else None
     return ((binding[0], rooms[binding[0]][1]) if binding and len(gated) > n else None), actions
-
-
-def _profile(policy: Policy, pods: list[PodRecord]) -> Profile | None:
-    for pod in pods:
-        if pod.profile and pod.profile != contract.NO_PROFILE:
-            return policy.profile_named(pod.profile)
-    return None
 
 
 def _annotations(pods: list[PodRecord]) -> dict[str, str]:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sparkgate.contract import AppKey
+from sparkgate.contract import NO_PROFILE, AppKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +86,30 @@ class AppView:
     config_maps: frozenset[str]  # names of sparkgate's config map copies that exist for this app
 
     @property
+    def profile(self) -> str | None:
+        """The sparkgate profile named on the app's pods: the lowest executor id's that names one (the webhook
+        names the same on every pod of an app unless the policy changed meanwhile). What the decision applies
+        and what /apps shows on every replica, the leader's or not."""
+        return next(
+            (
+                p.profile
+                for p in sorted(self.pods, key=executor_order)
+                if p.profile and p.profile != NO_PROFILE
+            ),
+            None,
+        )
+
+    @property
     def finished(self) -> bool:
         """The app is over: its driver finished, or was seen and is gone. Its gated pods are deleted."""
         return (self.driver is not None and self.driver.finished) or (
             self.driver is None and self.driver_seen
         )
+
+
+def executor_order(pod: PodRecord) -> tuple[int, int, str]:
+    """Executor id order, pods without an id last."""
+    return (0, pod.exec_id, pod.name) if pod.exec_id is not None else (1, 0, pod.name)
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,7 +69,7 @@ def app_summary(
     return {
         "namespace": view.key.namespace,
         "appId": view.key.app_id,
-        "profile": settings.profile if settings else None,
+        "profile": view.profile,  # from its pods: the same on every replica (settings: the leader's only)
         "gated": counts["gated"],
         "inFlight": counts["in_flight"],
         "running": counts["running"],

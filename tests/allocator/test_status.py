@@ -1,0 +1,100 @@
+"""What an allocator that does not lead says on /apps: every replica answers the scheduler extender and serves
+/apps, so a follower must report each app's profile and the nodes refused to it by that profile's settings,
+as the leader does, although only the leader decides (and so keeps the per-app settings of its decisions).
+The parts are assembled as the command does, against kubesim over HTTP; this allocator never takes the Lease.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from allocator.cache import pod_record
+from allocator.commands import Allocator, assemble
+from allocator.http import StatusServer
+from allocator.loop import Options
+from allocator.metrics import AllocatorMetrics
+from kubesim.cluster import Cluster
+from sparkgate import contract
+from sparkgate.kube import Kube
+from sparkgate.policy_file import PolicySource
+
+POLICY = """
+apiVersion: sparkgate.io/v1alpha1
+kind: Policy
+scheduling: {failuresPerApp: 3, suspectNodeApps: 3, failureWindowSeconds: 600}
+profiles:
+  - name: spark
+  - name: tolerant
+    scheduling: {failuresPerApp: 5}
+"""
+
+
+def executor(app: str, exec_id: int, profile: str, **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": f"{app}-exec-{exec_id}",
+            "namespace": "spark",
+            "uid": f"uid-{app}-{exec_id}",
+            "labels": {
+                contract.LABEL_ROLE: contract.ROLE_EXECUTOR,
+                contract.LABEL_APP_ID: app,
+                contract.LABEL_EXEC_ID: str(exec_id),
+            },
+            "annotations": {contract.ANNOTATION_PROFILE: profile},
+            "creationTimestamp": "2026-11-23T10:00:00Z",
+        },
+        "spec": {"containers": [{"name": "spark-kubernetes-executor", "image": "spark"}], "nodeName": "n1"},
+        "status": status or {"phase": "Running"},
+    }
+
+
+@pytest.fixture
+def follower(tmp_path: Path) -> Iterator[tuple[Allocator, StatusServer]]:
+    with Cluster(nodes=2) as cluster:
+        kube = Kube.from_kubeconfig(str(cluster.kubeconfig("admin")))
+        (tmp_path / "policy.yaml").write_text(POLICY)
+        source = PolicySource(str(tmp_path / "policy.yaml"), contract.INSTALL_NAMESPACE)
+        allocator = assemble(kube, source, Options(identity="follower"), AllocatorMetrics())
+        server = StatusServer(allocator.controller, allocator.extender, "127.0.0.1", 0)
+        server.start()
+        yield allocator, server
+        server.stop()
+        allocator.controller.actor.close()
+        kube.close()
+
+
+def test_a_follower_reports_each_apps_profile_and_the_nodes_refused_by_its_settings(
+    follower: tuple[Allocator, StatusServer],
+) -> None:
+    allocator, server = follower
+    c = allocator.controller
+    assert not c.elector.leading
+    oom = {"phase": "Failed", "reason": "OOMKilled"}
+    pods = [executor("app-t", i, "tolerant", **oom) for i in (1, 2, 3)] + [executor("app-t", 4, "tolerant")]
+    pods += [executor("app-s", i, "spark", **oom) for i in (1, 2, 3)] + [executor("app-s", 4, "spark")]
+    c.cache.pods_replace([])
+    c.cache.drivers_replace([])
+    c.cache.config_maps_replace([], source=True)
+    c.cache.config_maps_replace([], source=False)
+    allocator.extender.placement.nodes_replace([{"metadata": {"name": n}} for n in ("n1", "n2")])
+    for pod in pods:  # each executor seen running on n1, then the first three failed there
+        record = pod_record(pod)
+        assert record is not None
+        c.cache.pod_event("ADDED", executor(record.app_id, record.exec_id or 0, record.profile or ""))
+        c.cache.pod_event("MODIFIED", pod)
+    c.step(c.queue.get(0))  # a follower's step: it observes and decides nothing
+    assert c.settings == {}
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/apps", timeout=30) as response:
+        apps = {a["appId"]: a for a in json.load(response)["apps"]}
+    assert apps["app-t"]["profile"] == "tolerant" and apps["app-s"]["profile"] == "spark"
+    # Three failures on n1: enough under the top-level setting (3), not under the tolerant profile's (5).
+    assert apps["app-t"]["excludedNodes"] == []
+    assert [(e["node"], e["scope"]) for e in apps["app-s"]["excludedNodes"]] == [("n1", "app")]
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/apps/spark/app-t", timeout=30) as response:
+        assert json.load(response)["profile"] == "tolerant"
