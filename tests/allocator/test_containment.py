@@ -243,14 +243,14 @@ def test_a_corrupt_history_is_set_aside_and_replaced_never_a_crash(start: Any) -
 def test_an_exception_in_one_apps_decision_does_not_stop_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
     from .test_decision import pod, policy, view
 
-    original = decision._profile
+    original = decision._annotations
 
-    def broken(pol: Any, pods: list[PodRecord]) -> Any:
+    def broken(pods: list[PodRecord]) -> Any:
         if pods and pods[0].app_id == "bad":
             raise ValueError("a record no rule expected")
-        return original(pol, pods)
+        return original(pods)
 
-    monkeypatch.setattr(decision, "_profile", broken)
+    monkeypatch.setattr(decision, "_annotations", broken)
     views: list[AppView] = [view("bad", [pod("bad", 1)]), view("good", [pod("good", 1)])]
     snapshot = Snapshot({v.key: v for v in views}, frozenset())
     d = decision.decide(snapshot, policy(), 100.0, {})
