@@ -24,6 +24,8 @@ from sparkgate import contract
 from sparkgate.kube import Kube
 from sparkgate.policy_file import PolicySource
 
+from .test_dispatch import executor as gated_executor
+
 POLICY = """
 apiVersion: sparkgate.io/v1alpha1
 kind: Policy
@@ -36,22 +38,13 @@ profiles:
 
 
 def executor(app: str, exec_id: int, profile: str, **status: Any) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": f"{app}-exec-{exec_id}",
-            "namespace": "spark",
-            "uid": f"uid-{app}-{exec_id}",
-            "labels": {
-                contract.LABEL_ROLE: contract.ROLE_EXECUTOR,
-                contract.LABEL_APP_ID: app,
-                contract.LABEL_EXEC_ID: str(exec_id),
-            },
-            "annotations": {contract.ANNOTATION_PROFILE: profile},
-            "creationTimestamp": "2026-11-23T10:00:00Z",
-        },
-        "spec": {"containers": [{"name": "spark-kubernetes-executor", "image": "spark"}], "nodeName": "n1"},
-        "status": status or {"phase": "Running"},
-    }
+    """An executor of `profile` released and bound to n1, Running unless `status` says otherwise."""
+    pod = gated_executor(app, exec_id)
+    pod["metadata"]["annotations"][contract.ANNOTATION_PROFILE] = profile
+    del pod["spec"]["schedulingGates"]
+    pod["spec"]["nodeName"] = "n1"
+    pod["status"] = status or {"phase": "Running"}
+    return pod
 
 
 @pytest.fixture
