@@ -80,7 +80,7 @@ class AppView:
     """Everything the cache knows about one application at one moment."""
 
     key: AppKey
-    pods: tuple[PodRecord, ...]  # executor pods, in executor-id order
+    pods: tuple[PodRecord, ...]  # executor pods, in the order the cache saw them (sort by executor_order)
     driver: DriverRecord | None  # None when the app has no driver pod (client mode) or it is gone
     driver_seen: bool  # a driver pod was seen at some point (so None means "gone", not "none")
     config_maps: frozenset[str]  # names of sparkgate's config map copies that exist for this app
