@@ -8,13 +8,14 @@
   the app's and owned by its driver pod; a copy that already exists is fine. When a copy cannot be made,
   the app's releases in the same decision are dropped (its pods would not start).
 - Deletions with a uid precondition, so a pod that was replaced is never deleted by mistake.
-- Kubernetes Events, rate-limited per key so a thousand-pod app does not flood the API server.
+- Kubernetes Events through sparkgate/events.py: one Event object per series (the action's key) whose count
+  is patched, and a token bucket per pod, so a thousand-pod app does not flood the API server.
 Transient API errors are retried with backoff inside sparkgate/kube.py.
 
 One app's actions are carried out in order (its config maps exist before its pods are released); different
 apps' actions run side by side on a few threads, so an app whose slot was just freed is not refilled only
 after another app's whole batch of PATCHes (bench/refill.py measured that wait at ~200 ms). The actor's own
-state, the Event rate limiter, is under its own leaf lock; an exception in one app's actions ends that
+state, the Event recorder, is under the recorder's own leaf lock; an exception in one app's actions ends that
 app's future, never another app's.
 """
 
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,7 +31,8 @@ from typing import Any
 
 from sparkgate import contract
 from sparkgate.contract import AppKey
-from sparkgate.kube import Conflict, Invalid, Kube, KubeError, NotFound, event_body
+from sparkgate.events import EventRecorder
+from sparkgate.kube import Conflict, Invalid, Kube, KubeError, NotFound
 
 from .model import Action, CreateConfigMap, DeleteConfigMap, DeletePod, Event, Release
 
@@ -65,7 +66,6 @@ class Actor:
         install_namespace: str,
         *,
         identity: str = contract.ALLOCATOR_SERVICE_ACCOUNT,
-        event_interval: float = 60.0,
         clock: Callable[[], float] = time.time,
         on_release: Callable[[Release, float], None] | None = None,
         on_delete: Callable[[DeletePod], None] | None = None,
@@ -74,12 +74,10 @@ class Actor:
         self.kube = kube
         self.install_namespace = install_namespace
         self.identity = identity
-        self.event_interval = event_interval
         self.clock = clock
         self.on_release = on_release
         self.on_delete = on_delete
-        self._events_lock = threading.Lock()
-        self._last_event: dict[str, float] = {}
+        self.events = EventRecorder(kube, identity=identity, clock=clock)
         self._pool = ThreadPoolExecutor(max_workers=parallel_apps, thread_name_prefix="actor")
 
     def submit(self, actions: Iterable[Action]) -> dict[AppKey, Future[AppResult]]:
@@ -179,15 +177,6 @@ class Actor:
                 raise
 
     def event(self, action: Event) -> None:
-        now = self.clock()
-        with self._events_lock:
-            last = self._last_event.get(action.key)
-            if last is not None and now - last < self.event_interval:
-                return
-            self._last_event[action.key] = now
-            if len(self._last_event) > 50_000:  # forget the oldest half; keys of finished apps never return
-                for key, _ in sorted(self._last_event.items(), key=lambda kv: kv[1])[:25_000]:
-                    del self._last_event[key]
         involved = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -195,17 +184,11 @@ class Actor:
             "namespace": action.app.namespace,
             "uid": action.pod_uid,
         }
-        body = event_body(
+        self.events.record(
             involved,
+            type=action.type,
             reason=action.reason,
             message=action.message,
-            type=action.type,
-            identity=self.identity,
-            at=now,
+            series=action.key,
+            count=action.count,
         )
-        try:
-            self.kube.request(
-                "POST", f"/api/v1/namespaces/{action.app.namespace}/events", body=body, retry=False
-            )
-        except KubeError as e:
-            log.debug("event %s not recorded: %s", action.reason, e)

@@ -205,19 +205,24 @@ def _decide_app(
     for problem in problems:
         if first is not None:
             out.append(_event(key, first, "Warning", "InvalidAnnotation", problem, f"{key}/annotation"))
-    for pod in pods:
-        if pod.bypassed:
-            out.append(
-                _event(
-                    key,
-                    pod,
-                    "Warning",
-                    "BypassedWebhook",
-                    f"pod {pod.name} was admitted without sparkgate (webhook down or bypassed): it counts "
-                    "toward the limits but was not shaped by the policy",
-                    f"bypass/{pod.uid}",
-                )
+    bypassed = [pod for pod in pods if pod.bypassed]
+    if bypassed:
+        # One Event per app, on its driver when known: 500 bypassed pods are one Event whose count is 500.
+        on = app.driver or bypassed[0]
+        out.append(
+            Event(
+                key,
+                on.name,
+                on.uid,
+                "Warning",
+                "BypassedWebhook",
+                f"{len(bypassed)} executor pod(s) of app {key} were admitted without sparkgate (webhook down or "
+                f"bypassed), {bypassed[0].name} first: they count toward the limits but were not shaped by "
+                "the policy",
+                f"{key}/bypassed",
+                count=len(bypassed),
             )
+        )
     if app.finished:
         for pod in pods:
             if pod.gated and not pod.deleting:

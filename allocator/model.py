@@ -190,7 +190,8 @@ class DeleteConfigMap:
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """A Kubernetes Event on a pod; `key` groups events for rate limiting (one per key per interval)."""
+    """A Kubernetes Event on a pod; `key` names its series: reports of one key on one pod are one Event
+    object whose count is patched (sparkgate/events.py)."""
 
     app: AppKey
     pod: str  # pod name in app.namespace
@@ -199,6 +200,7 @@ class Event:
     reason: str  # CamelCase, e.g. "Released", "Waiting", "BypassedWebhook", "SourceConfigMapMissing"
     message: str
     key: str
+    count: int | None = None  # occurrences counted by the decision (an app's bypassed pods); None: one more
 
 
 Action = Release | CreateConfigMap | DeletePod | DeleteConfigMap | Event

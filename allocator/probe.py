@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable
 
 from sparkgate import contract
-from sparkgate.kube import Kube, KubeError, event_body
+from sparkgate.events import EventRecorder
+from sparkgate.kube import Kube, KubeError
 from sparkgate.policy_file import PolicySource
 from sparkgate.probe import ProbeResult, Verdict, probe_policy
 
@@ -52,6 +53,7 @@ class PolicyProbe:
         self.interval = interval
         self._monotonic = monotonic
         self._clock = clock
+        self.events = EventRecorder(kube, identity=identity, clock=clock)
         self._last: tuple[str, float] | None = None  # (policy digest, monotonic time) of the last run
         self._series: set[tuple[str, str]] = set()
 
@@ -127,10 +129,10 @@ class PolicyProbe:
             f"profile {result.profile} in namespace {result.namespace}: the API server refuses its "
             f"executor pods (dry run): {result.message}"
         )
-        body = event_body(
-            involved, reason=REASON, message=message, type="Warning", identity=self.identity, at=self._clock()
+        self.events.record(
+            involved,
+            type="Warning",
+            reason=REASON,
+            message=message,
+            series=f"{result.profile}/{result.namespace}",
         )
-        try:
-            self.kube.request("POST", f"/api/v1/namespaces/{self.namespace}/events", body=body, retry=False)
-        except KubeError as e:
-            log.warning("event %s not recorded: %s", REASON, e)

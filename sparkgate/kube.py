@@ -10,7 +10,6 @@ re-decide", so they surface as `Conflict` and `Invalid`.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 import random
@@ -22,8 +21,6 @@ from typing import Any
 import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-
-from sparkgate import contract
 
 log = logging.getLogger(__name__)
 
@@ -291,27 +288,6 @@ class Kube:
             raise Unavailable(0, "WatchBroken", str(e)) from None
         finally:
             raw.release_conn()
-
-
-def event_body(involved: Obj, *, reason: str, message: str, type: str, identity: str, at: float) -> Obj:
-    """A core/v1 Event about `involved` (an ObjectReference) as sparkgate's allocator reports it, to POST to
-    the involved object's namespace. The message is cut to the API server's 1,024-character limit."""
-    stamp = dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{involved['name']}.", "namespace": involved["namespace"]},
-        "involvedObject": involved,
-        "reason": reason,
-        "message": message[:1024],
-        "type": type,
-        "source": {"component": contract.ALLOCATOR_SERVICE_ACCOUNT},
-        "reportingComponent": "sparkgate.io/allocator",
-        "reportingInstance": identity,
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }
 
 
 def _event(line: bytes) -> tuple[str, Obj]:

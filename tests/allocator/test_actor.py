@@ -12,10 +12,13 @@ import pytest
 
 from allocator.actor import Actor
 from allocator.cache import pod_record
-from allocator.model import Event, PodRecord, Release
+from allocator.decision import decide
+from allocator.model import AppView, DriverRecord, Event, PodRecord, Release, Snapshot
 from kubesim.cluster import Cluster
 from sparkgate import contract
+from sparkgate.contract import AppKey
 from sparkgate.kube import Kube
+from sparkgate.policy import load_policy
 
 ALLOCATOR = "system:serviceaccount:sparkgate-system:sparkgate-allocator"
 
@@ -92,3 +95,59 @@ def test_what_the_work_queue_is_told_failed_written_or_only_events(cluster: Clus
     assert outcomes == {a1.app: True, b1.app: None, c1.app: False}
     events, _, _ = cluster.store.list("events", "spark")
     assert [e["reason"] for e in events] == ["Waiting"]  # the Event was sent all the same
+
+
+def test_an_app_with_500_bypassed_pods_is_one_event_on_its_driver_counting_them(
+    cluster: Cluster, actor: Actor
+) -> None:
+    """Issue 18: one BypassedWebhook Event per app, not one per pod per minute, however often it is decided."""
+    driver = cluster.store.create(
+        "pods",
+        {
+            "metadata": {
+                "name": "big-driver",
+                "namespace": "spark",
+                "labels": {contract.LABEL_ROLE: "driver", contract.LABEL_APP_ID: "big"},
+            },
+            "spec": {"containers": [{"name": "spark-kubernetes-driver", "image": "spark"}]},
+        },
+    )
+    driver_record = DriverRecord("spark", "big-driver", driver["metadata"]["uid"], "big", "Running", False)
+
+    def bypassed(exec_id: int) -> PodRecord:
+        obj = {
+            "metadata": {
+                "name": f"big-exec-{exec_id}",
+                "namespace": "spark",
+                "uid": f"uid-{exec_id}",
+                "labels": {
+                    contract.LABEL_ROLE: "executor",
+                    contract.LABEL_APP_ID: "big",
+                    contract.LABEL_EXEC_ID: str(exec_id),
+                },
+            },
+            "spec": {
+                "containers": [{"name": "spark-kubernetes-executor", "image": "spark"}],
+                "nodeName": "n",
+            },
+            "status": {"phase": "Running"},
+        }
+        record = pod_record(obj)
+        assert record is not None and record.bypassed
+        return record
+
+    pods = tuple(bypassed(i) for i in range(1, 501))
+    key = AppKey("spark", "big")
+    policy = load_policy("apiVersion: sparkgate.io/v1alpha1\nkind: Policy\n")
+    since = len(cluster.requests.entries())
+    for pods_now in (pods, pods, (*pods, bypassed(501))):
+        app = AppView(key, pods_now, driver_record, True, frozenset())
+        decision = decide(Snapshot({key: app}, frozenset()), policy, 100.0, {})
+        for future in actor.submit(decision.actions).values():
+            assert future.result().ok
+    [event] = cluster.store.list_objects("events", "spark")[0]
+    assert event["reason"] == "BypassedWebhook" and event["count"] == 501
+    assert event["involvedObject"]["name"] == "big-driver"
+    assert event["message"].startswith("501 executor pod(s) of app spark/big were admitted without sparkgate")
+    writes = [e.verb for e in cluster.requests.entries()[since:] if e.resource == "events"]
+    assert writes == ["create", "patch"], "the second decision had nothing new to say"

@@ -184,8 +184,9 @@ def test_budget_never_negative_with_bypassed_pods_and_bypass_is_reported() -> No
     d = decide(snap(view("x", bypassed), view("a", waiting)), policy(per_ns=5), 100.0, {})
     assert released(d) == []
     assert "namespace spark has 8/5" in d.settings[AppKey("spark", "a")].waiting_for
-    warnings = [a for a in d.actions if isinstance(a, Event) and a.reason == "BypassedWebhook"]
-    assert len(warnings) == 8 and len({w.key for w in warnings}) == 8
+    [warning] = [a for a in d.actions if isinstance(a, Event) and a.reason == "BypassedWebhook"]
+    assert warning.count == 8 and warning.pod == "x-exec-1" and warning.app == AppKey("spark", "x")
+    assert warning.message.startswith("8 executor pod(s) of app spark/x were admitted without sparkgate")
 
 
 def test_same_app_id_in_two_namespaces_are_two_apps() -> None:

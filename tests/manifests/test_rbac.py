@@ -5,7 +5,8 @@ or `request(METHOD, path)`). This test reads allocator/*.py and certs/*.py with 
 each call, the verb and the path template: a literal or f-string path, a `self.<attr>` assigned an f-string,
 a method or module function returning one, or a module constant; a `Reflector(kube, name, path, ...)`
 lists and watches its path. A call whose path it cannot derive fails the test, so new code keeps its
-paths readable. sparkgate/probe.py and sparkgate/leader.py, which the allocator runs, are read too. The union is compared with the rendered ClusterRole and Role, rule by rule and verb by verb.
+paths readable. sparkgate/probe.py, sparkgate/leader.py and sparkgate/events.py, which the allocator runs,
+are read too. The union is compared with the rendered ClusterRole and Role, rule by rule and verb by verb.
 Then certs sync really runs on kubesim as the allocator's service account, and every request it made must
 be allowed by the same rules (resourceNames included).
 """
@@ -140,10 +141,10 @@ def uses_in(path: Path) -> Iterator[Use]:
 
 
 def code_uses() -> list[Use]:
-    """allocator/, certs/, and what they run from the core: the policy probe (sparkgate/probe.py) and the
-    Lease elector (sparkgate/leader.py)."""
+    """allocator/, certs/, and what they run from the core: the policy probe (sparkgate/probe.py), the
+    Lease elector (sparkgate/leader.py) and the Event recorder (sparkgate/events.py)."""
     files = [p for d in ("allocator", "certs") for p in sorted((REPO / d).glob("*.py"))]
-    core = [REPO / "sparkgate" / "probe.py", REPO / "sparkgate" / "leader.py"]
+    core = [REPO / "sparkgate" / n for n in ("probe.py", "leader.py", "events.py")]
     return [u for p in [*files, *core] for u in uses_in(p)]
 
 
