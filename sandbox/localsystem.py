@@ -7,7 +7,7 @@
 
 `LocalSystem(..., sparkgate=False)` is the same cluster with nothing installed: the baseline. The webhook
 configurations are those of manifests/base/webhooks.yaml (objectSelector spark-role=executor, the system
-namespaces excluded, failurePolicy Ignore), with a loopback URL instead of the Service and a longer
+namespaces excluded, the policy probe's dry runs excluded by a matchCondition, failurePolicy Ignore), with a loopback URL instead of the Service and a longer
 timeout: WEBHOOK_TIMEOUT, 30 s, the API server's maximum. Here the API server, the
 scheduler, the kubelets and the drivers share one machine, often a busy one, with the webhook: a slow
 admission call measures that machine, not sparkgate, and under failurePolicy Ignore it would silently admit
@@ -33,6 +33,7 @@ from typing import Any
 from kubesim.cluster import Cluster
 from sandbox.local_webhook import LocalWebhook, free_port
 from sparkgate import contract
+from sparkgate.probe import MATCH_CONDITION
 
 WEBHOOK_TIMEOUT = 30  # seconds: the longest the API server allows (see the module docstring)
 
@@ -71,6 +72,7 @@ def webhook_configurations(
                 "clientConfig": {"url": f"{url}/mutate", "caBundle": ca},
                 "rules": rule("CREATE"),
                 "reinvocationPolicy": "Never",
+                "matchConditions": [MATCH_CONDITION],
                 **common,
             }
         ],

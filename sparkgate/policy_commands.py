@@ -1,5 +1,12 @@
 """`sparkgate policy check`: validate a policy file before installing it, and with `--cluster` ask the
-live API server whether it admits each profile's executor pods (sparkgate/probe.py)."""
+live API server whether it admits each profile's executor pods (sparkgate/probe.py).
+
+The file's policy is judged, not the live webhook's: each probe pod is shaped by the file's policy and kept
+out of the live sparkgate webhook. The same Spark pod is then dry-run once more through the live webhook,
+and where the live webhook's answer differs (another profile, other fields, another verdict) a
+`live policy differs:` line says so: information about what applying the file changes, never a failure.
+Exit 0 when every probe is admitted, 1 when one is refused or could not be asked, or the file is invalid.
+"""
 
 from __future__ import annotations
 
@@ -21,8 +28,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     check.add_argument(
         "--cluster",
         action="store_true",
-        help="also create each profile's executor pod with dryRun=All in every namespace it matches "
-        "(nothing is stored) and print the API server's answer; exit 1 if any is refused",
+        help="also create each profile's executor pod, shaped by this file's policy, with dryRun=All in "
+        "every namespace it matches (nothing is stored) and print the API server's answer and where the "
+        "live webhook's policy differs; exit 1 if any is refused",
     )
     check.add_argument(
         "--kubeconfig",
@@ -83,7 +91,7 @@ def _check_cluster(args: argparse.Namespace, policy: Policy) -> int:
     from kubernetes.config import ConfigException
 
     from sparkgate.kube import Kube, KubeError
-    from sparkgate.probe import Verdict, probe, targets
+    from sparkgate.probe import Verdict, live, probe, targets
 
     try:
         kube = Kube.from_kubeconfig(args.kubeconfig)
@@ -100,13 +108,22 @@ def _check_cluster(args: argparse.Namespace, policy: Policy) -> int:
         for profile in policy.profiles:
             if not any(p is profile for p, _ in pairs):
                 print(f"  profile {profile.name}: no namespace matches")
-        refused = 0
+        refused = differs = 0
         for profile, namespace in pairs:
             result = probe(kube, policy, profile, namespace)
             refused += result.verdict is not Verdict.ADMITTED
             print(f"  {result.line()}")
+            if result.verdict is not Verdict.ERROR:
+                seen = live(kube, result, profile)
+                if seen.differs(result):
+                    differs += 1
+                    print(f"    live policy differs: {seen.line()}")
     finally:
         kube.close()
+    if differs:
+        print(
+            f"the live webhook's policy differs from {args.file} in {differs} of {len(pairs)} (information)"
+        )
     if refused:
         print(f"{refused} of {len(pairs)} refused or not checked", file=sys.stderr)
         return 1

@@ -18,6 +18,7 @@ import yaml
 from sparkgate import contract
 from sparkgate.cli import build_parser
 from sparkgate.policy import load_policy
+from sparkgate.probe import MATCH_CONDITION
 
 Obj = dict[str, Any]
 REPO = Path(__file__).resolve().parents[2]
@@ -230,6 +231,9 @@ def test_webhook_configurations(
     assert kind == "Mutating"
     assert mutating["rules"][0]["operations"] == ["CREATE"] and mutating["reinvocationPolicy"] == "Never"
     assert mutating["clientConfig"]["service"]["path"] == "/mutate"
+    assert mutating["matchConditions"] == [
+        MATCH_CONDITION
+    ]  # the policy probe's dry runs (sparkgate/probe.py)
     (_, same), (kind, validating) = webhooks(old_clusters)
     assert same == mutating and kind == "Validating"
     assert validating["rules"][0]["operations"] == ["UPDATE"]
