@@ -87,6 +87,13 @@ def register(subparsers: Any) -> None:
         default=300.0,
         help="seconds between dry-run probes of the policy's profiles while leading (0: never)",
     )
+    a.add_argument(
+        "--probe-max-dry-runs",
+        type=_dry_runs,
+        default=100,
+        help="at most this many dry-run pod creations per probe run (>= 2); the pairs left over are "
+        "probed by the next runs, rotating through the namespaces",
+    )
     a.set_defaults(run=run_allocator)
 
     s = subparsers.add_parser("status", help="show the allocator's view of every app")
@@ -117,6 +124,14 @@ class Allocator:
             task.thread.join(timeout=10)
 
 
+def _dry_runs(text: str) -> int:
+    """--probe-max-dry-runs: one probe takes up to two dry runs, so fewer than two would probe nothing."""
+    value = int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"{value}: at least 2 (one probe takes up to two dry runs)")
+    return value
+
+
 def assemble(
     kube: Kube,
     policy: PolicySource,
@@ -126,6 +141,7 @@ def assemble(
     certs: Target | None = None,
     certs_interval: float = 60.0,
     probe_interval: float = 0.0,
+    probe_max_dry_runs: int = 100,
     stop: threading.Event | None = None,
 ) -> Allocator:
     """The allocator's parts and who feeds whom (the threading model is in allocator/loop.py):
@@ -268,7 +284,13 @@ def assemble(
         from .probe import PolicyProbe
 
         probe = PolicyProbe(
-            kube, policy, metrics, options.install_namespace, options.identity, interval=probe_interval
+            kube,
+            policy,
+            metrics,
+            options.install_namespace,
+            options.identity,
+            interval=probe_interval,
+            max_dry_runs=probe_max_dry_runs,
         )
         # Polled every few seconds so that a policy change is probed at once; `due` says when to run.
         tasks.append(
@@ -327,6 +349,7 @@ def run_allocator(args: argparse.Namespace) -> int:
         certs=target_from(args, args.namespace) if args.certs else None,
         certs_interval=args.certs_interval,
         probe_interval=args.probe_interval,
+        probe_max_dry_runs=args.probe_max_dry_runs,
     )
     controller = allocator.controller
     host, _, port = args.http.rpartition(":")

@@ -175,9 +175,14 @@ class AllocatorMetrics:
         # The policy probe (allocator/probe.py).
         self.probe_admitted = Gauge(
             "sparkgate_allocator_policy_probe_admitted",
-            "1 when the API server admits a dry-run executor pod of the profile in the namespace, 0 when it "
-            "refuses it.",
-            ["profile", "namespace"],
+            "1 when the API server admits a dry-run executor pod of the profile in every namespace probed, 0 "
+            "when it refuses it in one (the ProfileRefused Event names them).",
+            ["profile"],
+            registry=r,
+        )
+        self.probe_deferred = Counter(
+            "sparkgate_allocator_policy_probe_deferred",
+            "(profile, namespace) pairs a probe run left for a later run: the dry-run bound bit.",
             registry=r,
         )
         # --- the scheduler extender (allocator/extender.py) ---

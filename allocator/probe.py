@@ -1,14 +1,28 @@
 """The policy probe as a leader task: a profile that the API server refuses is a page, not lost Spark jobs.
 
 A `LeaderTask` under the allocator's Lease (wired in allocator/commands.py): while this allocator leads, it
-runs sparkgate/probe.py (each profile's executor pod, created with
-`dryRun=All` in every namespace the profile matches) when the policy in force changes and every `interval`
-seconds, because what the API server admits also changes without the policy changing: a PriorityClass
-deleted, a namespace relabelled for PodSecurity, a quota tightened. Each result is exported as
-`sparkgate_allocator_policy_probe_admitted{profile,namespace}` (1 admitted, 0 refused; a pair the probe
-could not ask about keeps its last value), and each refusal is a Warning Event `ProfileRefused` on the
-policy's ConfigMap naming the profile, the namespace and the API server's message. The alert
-SparkgateProfileRefused (manifests/monitoring/prometheusrule.yaml) fires on the metric.
+runs sparkgate/probe.py (each profile's executor pod, created with `dryRun=All` in the namespaces the
+profile matches) when the policy in force changes and every `interval` seconds, because what the API
+server admits also changes without the policy changing: a PriorityClass deleted, a namespace relabelled
+for PodSecurity, a quota tightened.
+
+Bounded: one run makes at most `max_dry_runs` dry-run creations (a (profile, namespace) pair takes one or
+two). A run that cannot cover every pair goes on where the last one stopped, rotating through the sorted
+pairs, so every namespace is probed over a few runs; the pairs it leaves for later are counted in
+`sparkgate_allocator_policy_probe_deferred`. Results are kept per pair until the policy changes (then the
+new policy starts from scratch) or the pair is no longer matched; a pair the probe could not ask about
+keeps its last result.
+
+Exported per profile, not per namespace (a series per namespace grew with the cluster):
+`sparkgate_allocator_policy_probe_admitted{profile}` is 1 when every namespace probed admits the profile's
+pods, 0 when one refuses them. Which namespaces, and the API server's message, are in one Warning Event
+`ProfileRefused` per profile on the policy's ConfigMap, recorded when the verdict changes (admitted to
+refused, or the refusals change), not at every run; sparkgate/events.py keeps it one Event object whose
+count grows. The alert SparkgateProfileRefused (manifests/monitoring/prometheusrule.yaml) fires on the
+metric.
+
+State: everything here is owned by the one LeaderTask thread that calls `run_if_due` and, on losing the
+lead, `forget`; the metric registry is thread-safe.
 """
 
 from __future__ import annotations
@@ -16,20 +30,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from sparkgate import contract
 from sparkgate.events import EventRecorder
 from sparkgate.kube import Kube, KubeError
 from sparkgate.policy_file import PolicySource
-from sparkgate.probe import ProbeResult, Verdict, probe_policy
+from sparkgate.probe import ProbeResult, Verdict, probe, targets
 
 from .metrics import AllocatorMetrics
 
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL = 300.0
+DEFAULT_MAX_DRY_RUNS = 100
 REASON = "ProfileRefused"
+NAMESPACES_NAMED = 10  # in one Event message; the rest are counted
 
 
 class PolicyProbe:
@@ -42,20 +58,25 @@ class PolicyProbe:
         identity: str = contract.ALLOCATOR_SERVICE_ACCOUNT,
         *,
         interval: float = DEFAULT_INTERVAL,
+        max_dry_runs: int = DEFAULT_MAX_DRY_RUNS,
         monotonic: Callable[[], float] = time.monotonic,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        if max_dry_runs < 2:
+            raise ValueError("max_dry_runs must be at least 2: one probe takes up to two dry runs")
         self.kube = kube
         self.policy = policy
         self.metrics = metrics
         self.namespace = install_namespace
-        self.identity = identity
         self.interval = interval
+        self.max_dry_runs = max_dry_runs
         self._monotonic = monotonic
-        self._clock = clock
         self.events = EventRecorder(kube, identity=identity, clock=clock)
         self._last: tuple[str, float] | None = None  # (policy digest, monotonic time) of the last run
-        self._series: set[tuple[str, str]] = set()
+        self._digest: str | None = None  # the policy that `_results` are about
+        self._results: dict[tuple[str, str], ProbeResult] = {}  # (profile, namespace): its last answer
+        self._cursor = 0  # where the next run starts in the sorted pairs
+        self._reported: dict[str, str] = {}  # profile: the refusals last recorded ("" when admitted)
 
     def due(self) -> bool:
         policy = self.policy.current()
@@ -73,42 +94,72 @@ class PolicyProbe:
             self.run_once()
 
     def run_once(self) -> list[ProbeResult]:
-        """Probe the policy in force; export the results and record an Event for each refusal."""
+        """Probe the policy in force within the dry-run budget; export the results per profile and record
+        an Event for each profile whose refusals changed. Returns this run's results."""
         policy = self.policy.current()
         if policy is None:
             return []
         self._last = (policy.digest, self._monotonic())
+        if policy.digest != self._digest:
+            self._digest, self._results, self._cursor = policy.digest, {}, 0
         try:
-            results = probe_policy(self.kube, policy)
+            pairs = targets(self.kube, policy)
         except KubeError as e:
             log.warning("policy probe not run: %s", e)
             return []
-        seen = set()
+        start = self._cursor % len(pairs) if pairs else 0
+        budget, results = self.max_dry_runs, []
+        for profile, namespace in pairs[start:] + pairs[:start]:
+            if budget < 2:
+                break
+            result = probe(self.kube, policy, profile, namespace)
+            budget -= result.dry_runs
+            results.append(result)
+        if len(results) < len(pairs):
+            self.metrics.probe_deferred.inc(len(pairs) - len(results))
+        self._cursor = start + len(results)
+        matched = {(p.name, ns) for p, ns in pairs}
+        self._results = {k: v for k, v in self._results.items() if k in matched}
         for result in results:
-            key = (result.profile, result.namespace)
-            seen.add(key)
             if result.verdict is Verdict.ERROR:
                 log.warning("policy probe: %s", result.line())
                 continue
-            self.metrics.probe_admitted.labels(*key).set(1 if result.verdict is Verdict.ADMITTED else 0)
             if result.verdict is Verdict.REFUSED:
                 log.error("policy probe: %s", result.line())
-                self._event(result)
-        for key in self._series - seen:  # a profile or namespace that is gone
-            with contextlib.suppress(KeyError):
-                self.metrics.probe_admitted.remove(*key)
-        self._series = seen
+            self._results[(result.profile, result.namespace)] = result
+        self._export()
         return results
 
     def forget(self) -> None:
         """Drop every exported result: a follower's would go stale while the leader probes on."""
-        for key in self._series:
+        for profile in self._reported:
             with contextlib.suppress(KeyError):
-                self.metrics.probe_admitted.remove(*key)
-        self._series = set()
+                self.metrics.probe_admitted.remove(profile)
+        self._reported, self._results, self._digest, self._cursor = {}, {}, None, 0
         self._last = None
 
-    def _event(self, result: ProbeResult) -> None:
+    def _export(self) -> None:
+        by_profile: dict[str, list[ProbeResult]] = {}
+        for (profile, _), result in sorted(self._results.items()):
+            by_profile.setdefault(profile, []).append(result)
+        for profile in self._reported.keys() - by_profile.keys():  # a profile that is gone
+            with contextlib.suppress(KeyError):
+                self.metrics.probe_admitted.remove(profile)
+            del self._reported[profile]
+        changed = []
+        for profile, results in by_profile.items():
+            refused = [r for r in results if r.verdict is Verdict.REFUSED]
+            self.metrics.probe_admitted.labels(profile).set(0 if refused else 1)
+            message = refusals(profile, refused)
+            if message and message != self._reported.setdefault(profile, ""):
+                changed.append((profile, message))
+            else:
+                self._reported[profile] = message
+        for profile, message in changed:  # after every series is set: the Events take requests
+            if self._event(profile, message):
+                self._reported[profile] = message  # else (not written) the next run tries again
+
+    def _event(self, profile: str, message: str) -> bool:
         try:
             config_map = self.kube.get(
                 f"/api/v1/namespaces/{self.namespace}/configmaps/{contract.POLICY_CONFIGMAP}"
@@ -125,14 +176,21 @@ class PolicyProbe:
         uid = (config_map.get("metadata") or {}).get("uid")
         if uid:
             involved["uid"] = uid
-        message = (
-            f"profile {result.profile} in namespace {result.namespace}: the API server refuses its "
-            f"executor pods (dry run): {result.message}"
-        )
-        self.events.record(
-            involved,
-            type="Warning",
-            reason=REASON,
-            message=message,
-            series=f"{result.profile}/{result.namespace}",
-        )
+        return self.events.record(involved, type="Warning", reason=REASON, message=message, series=profile)
+
+
+def refusals(profile: str, refused: Iterable[ProbeResult]) -> str:
+    """The Event message for a profile's refusals ("" when none): the namespaces, grouped by the API
+    server's message word for word."""
+    by_message: dict[str, list[str]] = {}
+    for result in refused:
+        by_message.setdefault(result.message, []).append(result.namespace)
+    if not by_message:
+        return ""
+    parts = []
+    for message, namespaces in by_message.items():
+        named = ", ".join(namespaces[:NAMESPACES_NAMED])
+        more = f" and {len(namespaces) - NAMESPACES_NAMED} more" if len(namespaces) > NAMESPACES_NAMED else ""
+        word = "namespace" if len(namespaces) == 1 else "namespaces"
+        parts.append(f"in {word} {named}{more}: {message}")
+    return f"profile {profile}: the API server refuses its executor pods (dry run) " + "; ".join(parts)

@@ -1,8 +1,10 @@
 """The allocator's policy probe (allocator/probe.py) on kubesim: the leader exports each profile's result
-per namespace, records a Warning Event naming a refused profile on the policy ConfigMap, probes again when
-the policy changes or its interval has passed, and a follower exports nothing. End to end, a Spark driver
-whose executors get a PriorityClass, a runtime class and a service account from the profile runs all of
-them, and an installed profile naming a missing class shows in the allocator's metric.
+(one series per profile), records a Warning Event naming a refused profile's namespaces on the policy
+ConfigMap when its refusals change (not at every run), probes again when the policy changes or its
+interval has passed, keeps each run within its dry-run bound while rotating through the namespaces, and a
+follower exports nothing. End to end, a Spark driver whose executors get a PriorityClass, a runtime class
+and a service account from the profile runs all of them, and an installed profile naming a missing class
+shows in the allocator's metric.
 
 kubesim's Priority plugin answers as plugin/pkg/admission/priority/admission.go does (`no PriorityClass
 with name NAME was found`); a dry run (`dryRun=All`) stores nothing.
@@ -79,11 +81,18 @@ def cluster() -> Iterator[Cluster]:
         yield c
 
 
-def sample(metrics: AllocatorMetrics, profile: str, namespace: str) -> float | None:
-    value: float | None = metrics.registry.get_sample_value(
-        METRIC, {"profile": profile, "namespace": namespace}
-    )
+def sample(metrics: AllocatorMetrics, profile: str) -> float | None:
+    value: float | None = metrics.registry.get_sample_value(METRIC, {"profile": profile})
     return value
+
+
+def refused_events(cluster: Cluster) -> list[dict[str, Any]]:
+    events, _, _ = cluster.store.list_objects("events", namespace=contract.INSTALL_NAMESPACE)
+    return [e for e in events if e["reason"] == REASON]
+
+
+def dry_runs(cluster: Cluster, since: int) -> int:
+    return sum(1 for e in cluster.requests.entries()[since:] if e.resource == "pods" and "dryRun" in e.query)
 
 
 def test_the_leader_exports_results_records_refusals_and_probes_again_when_due(
@@ -108,9 +117,8 @@ def test_the_leader_exports_results_records_refusals_and_probes_again_when_due(
             ("spark", "spark", "admitted"),
             ("broken", "spark-b", "refused"),
         ]
-        assert sample(metrics, "spark", "spark") == 1 and sample(metrics, "broken", "spark-b") == 0
-        events, _, _ = cluster.store.list_objects("events", namespace=contract.INSTALL_NAMESPACE)
-        [event] = [e for e in events if e["reason"] == REASON]
+        assert sample(metrics, "spark") == 1 and sample(metrics, "broken") == 0
+        [event] = refused_events(cluster)
         config_map = cluster.store.get("configmaps", contract.INSTALL_NAMESPACE, contract.POLICY_CONFIGMAP)
         assert event["type"] == "Warning"
         assert event["involvedObject"] == {
@@ -121,7 +129,7 @@ def test_the_leader_exports_results_records_refusals_and_probes_again_when_due(
             "uid": config_map["metadata"]["uid"],
         }
         assert event["message"] == (
-            "profile broken in namespace spark-b: the API server refuses its executor pods (dry run): "
+            "profile broken: the API server refuses its executor pods (dry run) in namespace spark-b: "
             'pods "sparkgate-probe-broken" is forbidden: no PriorityClass with name no-such-class was found'
         )
         assert not cluster.store.list_objects("pods")[0], "dry runs store nothing"
@@ -130,14 +138,62 @@ def test_the_leader_exports_results_records_refusals_and_probes_again_when_due(
         clock.now += 300
         assert probe.due(), "every interval"
         probe.run_once()
+        [again] = refused_events(cluster)
+        assert again["count"] == 1, "the same refusal is not recorded again at every run"
         path.write_text(POLICY.format(klass="spark-batch", extra=""))
         clock.now += 1
         assert probe.due(), "when the policy changes"
         probe.run_once()
-        assert sample(metrics, "broken", "spark-b") is None, "a profile that is gone has no series"
-        assert sample(metrics, "spark", "spark") == 1
+        assert sample(metrics, "broken") is None, "a profile that is gone has no series"
+        assert sample(metrics, "spark") == 1
         probe.forget()
-        assert sample(metrics, "spark", "spark") is None and probe.due()
+        assert sample(metrics, "spark") is None and probe.due()
+    finally:
+        kube.close()
+
+
+def test_a_run_keeps_to_its_dry_run_bound_and_rotates_through_the_namespaces(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Seven namespaces, at most four dry runs (two probes) a run: four runs cover them all, the refusals
+    found so far are one Event whose message grows, and the bound is counted where it bites."""
+    namespaces = [f"team-{i}" for i in range(7)]
+    for namespace in namespaces:
+        cluster.add_namespace(namespace)
+    path = tmp_path / "policy.yaml"
+    path.write_text(
+        "apiVersion: sparkgate.io/v1alpha1\nkind: Policy\nprofiles:\n  - name: teams\n"
+        "    match: {namespaces: ['team-*']}\n    template: {spec: {priorityClassName: no-such-class}}\n"
+    )
+    clock = Clock()
+    metrics = AllocatorMetrics()
+    kube = Kube.from_kubeconfig(str(cluster.add_user(contract.ALLOCATOR_USER)))
+    probe = PolicyProbe(
+        kube,
+        PolicySource(str(path), contract.INSTALL_NAMESPACE, clock=clock, check_interval=0),
+        metrics,
+        interval=300,
+        max_dry_runs=4,
+        monotonic=clock,
+        clock=clock,
+    )
+    try:
+        covered: list[str] = []
+        for run in range(4):
+            since = len(cluster.requests.entries())
+            covered += [r.namespace for r in probe.run_once()]
+            assert dry_runs(cluster, since) <= 4, f"run {run}"
+            clock.now += 300
+        assert sorted(set(covered)) == namespaces and covered[:7] == namespaces
+        assert metrics.registry.get_sample_value("sparkgate_allocator_policy_probe_deferred_total") == 4 * 5
+        assert sample(metrics, "teams") == 0
+        [event] = refused_events(cluster)
+        assert event["message"].startswith(
+            "profile teams: the API server refuses its executor pods (dry run) in namespaces "
+            + ", ".join(namespaces)
+            + ': pods "sparkgate-probe-teams" is forbidden: '
+        )
+        assert event["count"] == 4, "one Event, patched as the refused namespaces were found"
     finally:
         kube.close()
 
@@ -148,18 +204,16 @@ def test_the_alert_fires_on_a_refused_profile_only() -> None:
     [rule] = [
         r for g in rules["spec"]["groups"] for r in g["rules"] if r.get("alert") == "SparkgateProfileRefused"
     ]
-    assert rule["expr"].strip() == f"max by (profile, namespace) ({METRIC}) == 0"
+    assert rule["expr"].strip() == f"max by (profile) ({METRIC}) == 0"
     assert rule["labels"]["severity"] == "critical" and "for" not in rule
     assert "{{ $labels.profile }}" in rule["annotations"]["summary"]
-    assert "{{ $labels.namespace }}" in rule["annotations"]["summary"]
+    assert "$labels.namespace" not in str(rule["annotations"]), "namespaces are in the Event, not the metric"
 
 
-def scrape(text: str) -> dict[tuple[str, str], float]:
+def scrape(text: str) -> dict[str, float]:
     found = {}
-    for match in re.finditer(
-        rf'^{METRIC}\{{namespace="([^"]*)",profile="([^"]*)"\}} (\S+)$', text, re.MULTILINE
-    ):
-        found[(match.group(2), match.group(1))] = float(match.group(3))
+    for match in re.finditer(rf'^{METRIC}\{{profile="([^"]*)"\}} (\S+)$', text, re.MULTILINE):
+        found[match.group(1)] = float(match.group(2))
     return found
 
 
@@ -206,12 +260,10 @@ def test_a_driver_whose_profile_names_a_class_a_runtime_class_and_an_account_run
         assert spec["serviceAccountName"] == "spark-exec"
     # The installed policy's broken profile: the leader's probe exports it, and the alert's expression holds.
     cluster.wait_for(
-        lambda: scrape(allocator.get("/metrics")[1]).get(("broken", "spark-b")) == 0,
+        lambda: scrape(allocator.get("/metrics")[1]) == {"spark": 1.0, "broken": 0.0},
         timeout=60,
         what="the probe's metric for the broken profile",
     )
-    values = scrape(allocator.get("/metrics")[1])
-    assert values == {("spark", "spark"): 1.0, ("broken", "spark-b"): 0.0}
 
     def refused_event() -> bool:
         events, _, _ = cluster.store.list_objects("events", namespace=contract.INSTALL_NAMESPACE)

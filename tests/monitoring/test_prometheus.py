@@ -536,7 +536,7 @@ def test_every_alert_fires_in_its_scenario(run: Run, alert_rules: list[dict[str,
         # The blanked caBundle, repaired by the certificate loop.
         "SparkgateCaBundleDrift": (lambda a: a["job"], ["sparkgate-certs"]),
         # The leader's policy probe: the profile naming a PriorityClass that does not exist, where it applies.
-        "SparkgateProfileRefused": (lambda a: (a["profile"], a["namespace"]), [("refused", "spark-refused")]),
+        "SparkgateProfileRefused": (lambda a: a["profile"], ["refused"]),
     }
     later = {"SparkgateWebhookBypassed", "SparkgateNoAllocatorLeader"}
     assert causes.keys() | later == names, "every alert has a scenario here"
