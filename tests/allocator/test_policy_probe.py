@@ -13,7 +13,7 @@ with name NAME was found`); a dry run (`dryRun=All`) stores nothing.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,107 +95,119 @@ def dry_runs(cluster: Cluster, since: int) -> int:
     return sum(1 for e in cluster.requests.entries()[since:] if e.resource == "pods" and "dryRun" in e.query)
 
 
-def test_the_leader_exports_results_records_refusals_and_probes_again_when_due(
-    cluster: Cluster, tmp_path: Path
-) -> None:
-    path = tmp_path / "policy.yaml"
-    path.write_text(POLICY.format(klass="spark-batch", extra=BROKEN))
-    clock = Clock()
-    metrics = AllocatorMetrics()
-    kube = Kube.from_kubeconfig(str(cluster.add_user(contract.ALLOCATOR_USER)))
-    probe = PolicyProbe(
-        kube,
-        PolicySource(str(path), contract.INSTALL_NAMESPACE, clock=clock, check_interval=0),
-        metrics,
-        interval=300,
-        monotonic=clock,
-    )
-    try:
-        assert probe.due()
-        results = probe.run_once()
-        assert [(r.profile, r.namespace, r.verdict.value) for r in results] == [
-            ("spark", "spark", "admitted"),
-            ("broken", "spark-b", "refused"),
-        ]
-        assert sample(metrics, "spark") == 1 and sample(metrics, "broken") == 0
-        [event] = refused_events(cluster)
-        config_map = cluster.store.get("configmaps", contract.INSTALL_NAMESPACE, contract.POLICY_CONFIGMAP)
-        assert event["type"] == "Warning"
-        assert event["involvedObject"] == {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "name": contract.POLICY_CONFIGMAP,
-            "namespace": contract.INSTALL_NAMESPACE,
-            "uid": config_map["metadata"]["uid"],
-        }
-        assert event["message"] == (
-            "profile broken: the API server refuses its executor pods (dry run) in namespace spark-b: "
-            'pods "sparkgate-probe-broken" is forbidden: no PriorityClass with name no-such-class was found'
-        )
-        assert not cluster.store.list_objects("pods")[0], "dry runs store nothing"
+class Leader:
+    """A PolicyProbe as the leader runs it, on a policy file, with the allocator's identity and a clock."""
 
-        assert not probe.due()
-        clock.now += 300
-        assert probe.due(), "every interval"
-        probe.run_once()
-        [again] = refused_events(cluster)
-        assert again["count"] == 1, "the same refusal is not recorded again at every run"
-        path.write_text(POLICY.format(klass="spark-batch", extra=""))
-        clock.now += 1
-        assert probe.due(), "when the policy changes"
-        probe.run_once()
-        assert sample(metrics, "broken") is None, "a profile that is gone has no series"
-        assert sample(metrics, "spark") == 1
-        probe.forget()
-        assert sample(metrics, "spark") is None and probe.due()
-    finally:
-        kube.close()
+    def __init__(self, cluster: Cluster, path: Path, policy: str, **options: Any) -> None:
+        path.write_text(policy)
+        self.path, self.clock, self.metrics = path, Clock(), AllocatorMetrics()
+        self.kube = Kube.from_kubeconfig(str(cluster.add_user(contract.ALLOCATOR_USER)))
+        source = PolicySource(str(path), contract.INSTALL_NAMESPACE, clock=self.clock, check_interval=0)
+        self.probe = PolicyProbe(
+            self.kube, source, self.metrics, interval=300, monotonic=self.clock, clock=self.clock, **options
+        )
+
+
+@pytest.fixture
+def leader(cluster: Cluster, tmp_path: Path) -> Iterator[Callable[..., Leader]]:
+    made: list[Leader] = []
+
+    def make(policy: str, **options: Any) -> Leader:
+        made.append(Leader(cluster, tmp_path / "policy.yaml", policy, **options))
+        return made[-1]
+
+    yield make
+    for one in made:
+        one.kube.close()
+
+
+def test_the_leader_exports_results_records_refusals_and_probes_again_when_due(
+    cluster: Cluster, leader: Callable[..., Leader]
+) -> None:
+    one = leader(POLICY.format(klass="spark-batch", extra=BROKEN))
+    probe, metrics, clock, path = one.probe, one.metrics, one.clock, one.path
+    assert probe.due()
+    results = probe.run_once()
+    assert [(r.profile, r.namespace, r.verdict.value) for r in results] == [
+        ("spark", "spark", "admitted"),
+        ("broken", "spark-b", "refused"),
+    ]
+    assert sample(metrics, "spark") == 1 and sample(metrics, "broken") == 0
+    [event] = refused_events(cluster)
+    config_map = cluster.store.get("configmaps", contract.INSTALL_NAMESPACE, contract.POLICY_CONFIGMAP)
+    assert event["type"] == "Warning"
+    assert event["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": contract.POLICY_CONFIGMAP,
+        "namespace": contract.INSTALL_NAMESPACE,
+        "uid": config_map["metadata"]["uid"],
+    }
+    assert event["message"] == (
+        "profile broken: the API server refuses its executor pods (dry run) in namespace spark-b: "
+        'pods "sparkgate-probe-broken" is forbidden: no PriorityClass with name no-such-class was found'
+    )
+    assert not cluster.store.list_objects("pods")[0], "dry runs store nothing"
+
+    assert not probe.due()
+    clock.now += 300
+    assert probe.due(), "every interval"
+    probe.run_once()
+    [again] = refused_events(cluster)
+    assert again["count"] == 1, "the same refusal is not recorded again at every run"
+    path.write_text(POLICY.format(klass="spark-batch", extra=""))
+    clock.now += 1
+    assert probe.due(), "when the policy changes"
+    probe.run_once()
+    assert sample(metrics, "broken") is None, "a profile that is gone has no series"
+    assert sample(metrics, "spark") == 1
+    probe.forget()
+    assert sample(metrics, "spark") is None and probe.due()
+
+
+def test_a_refusal_whose_event_was_not_written_is_recorded_by_the_next_run(
+    cluster: Cluster, leader: Callable[..., Leader]
+) -> None:
+    one = leader(POLICY.format(klass="spark-batch", extra=BROKEN))
+    cluster.faults.fail("create", "events", 500, count=1)
+    one.probe.run_once()
+    assert sample(one.metrics, "broken") == 0 and not refused_events(cluster)
+    one.clock.now += 300
+    one.probe.run_once()
+    [event] = refused_events(cluster)
+    assert event["message"].startswith("profile broken: the API server refuses its executor pods")
 
 
 def test_a_run_keeps_to_its_dry_run_bound_and_rotates_through_the_namespaces(
-    cluster: Cluster, tmp_path: Path
+    cluster: Cluster, leader: Callable[..., Leader]
 ) -> None:
     """Seven namespaces, at most four dry runs (two probes) a run: four runs cover them all, the refusals
     found so far are one Event whose message grows, and the bound is counted where it bites."""
     namespaces = [f"team-{i}" for i in range(7)]
     for namespace in namespaces:
         cluster.add_namespace(namespace)
-    path = tmp_path / "policy.yaml"
-    path.write_text(
+    one = leader(
         "apiVersion: sparkgate.io/v1alpha1\nkind: Policy\nprofiles:\n  - name: teams\n"
-        "    match: {namespaces: ['team-*']}\n    template: {spec: {priorityClassName: no-such-class}}\n"
-    )
-    clock = Clock()
-    metrics = AllocatorMetrics()
-    kube = Kube.from_kubeconfig(str(cluster.add_user(contract.ALLOCATOR_USER)))
-    probe = PolicyProbe(
-        kube,
-        PolicySource(str(path), contract.INSTALL_NAMESPACE, clock=clock, check_interval=0),
-        metrics,
-        interval=300,
+        "    match: {namespaces: ['team-*']}\n    template: {spec: {priorityClassName: no-such-class}}\n",
         max_dry_runs=4,
-        monotonic=clock,
-        clock=clock,
     )
-    try:
-        covered: list[str] = []
-        for run in range(4):
-            since = len(cluster.requests.entries())
-            covered += [r.namespace for r in probe.run_once()]
-            assert dry_runs(cluster, since) <= 4, f"run {run}"
-            clock.now += 300
-        assert sorted(set(covered)) == namespaces and covered[:7] == namespaces
-        assert metrics.registry.get_sample_value("sparkgate_allocator_policy_probe_deferred_total") == 4 * 5
-        assert sample(metrics, "teams") == 0
-        [event] = refused_events(cluster)
-        assert event["message"].startswith(
-            "profile teams: the API server refuses its executor pods (dry run) in namespaces "
-            + ", ".join(namespaces)
-            + ': pods "sparkgate-probe-teams" is forbidden: '
-        )
-        assert event["count"] == 4, "one Event, patched as the refused namespaces were found"
-    finally:
-        kube.close()
+    probe, metrics, clock = one.probe, one.metrics, one.clock
+    covered: list[str] = []
+    for run in range(4):
+        since = len(cluster.requests.entries())
+        covered += [r.namespace for r in probe.run_once()]
+        assert dry_runs(cluster, since) <= 4, f"run {run}"
+        clock.now += 300
+    assert sorted(set(covered)) == namespaces and covered[:7] == namespaces
+    assert metrics.registry.get_sample_value("sparkgate_allocator_policy_probe_deferred_total") == 4 * 5
+    assert sample(metrics, "teams") == 0
+    [event] = refused_events(cluster)
+    assert event["message"].startswith(
+        "profile teams: the API server refuses its executor pods (dry run) in namespaces "
+        + ", ".join(namespaces)
+        + ': pods "sparkgate-probe-teams" is forbidden: '
+    )
+    assert event["count"] == 4, "one Event, patched as the refused namespaces were found"
 
 
 def test_the_alert_fires_on_a_refused_profile_only() -> None:
