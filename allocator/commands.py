@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .extender import Extender
     from .loop import Controller, Options
     from .metrics import AllocatorMetrics
+    from .probe import PolicyProbe
 
 
 def register(subparsers: Any) -> None:
@@ -110,6 +111,7 @@ class Allocator:
     extender: Extender
     tasks: list[LeaderTask]
     stop: threading.Event
+    probe: PolicyProbe | None = None
 
     def start(self) -> None:
         for reflector in self.controller.reflectors:
@@ -280,6 +282,7 @@ def assemble(
                 on_run=on_run,
             )
         )
+    probe = None
     if probe_interval > 0:
         from .probe import PolicyProbe
 
@@ -308,7 +311,7 @@ def assemble(
     for task in tasks:
         for result in ("ok", "error"):
             metrics.task_runs.labels(task.name, result)
-    return Allocator(controller, Extender(placement, policy, metrics), tasks, stop)
+    return Allocator(controller, Extender(placement, policy, metrics), tasks, stop, probe)
 
 
 def run_allocator(args: argparse.Namespace) -> int:
@@ -353,7 +356,7 @@ def run_allocator(args: argparse.Namespace) -> int:
     )
     controller = allocator.controller
     host, _, port = args.http.rpartition(":")
-    server = StatusServer(controller, allocator.extender, host or "0.0.0.0", int(port))
+    server = StatusServer(controller, allocator.extender, host or "0.0.0.0", int(port), probe=allocator.probe)
     signal.signal(signal.SIGTERM, lambda *_: allocator.stop.set())
     server.start()
     allocator.start()

@@ -16,7 +16,7 @@ import json
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -25,14 +25,26 @@ from sparkgate.contract import AppKey
 from .extender import VERBS, Extender
 from .loop import Controller
 
+if TYPE_CHECKING:
+    from .probe import PolicyProbe
+
 # An ExtenderArgs with 5,000 full Node objects (a scheduler that is not nodeCacheCapable) is a few MiB.
 MAX_BODY = 16 * 1024 * 1024
 
 
 class StatusServer:
-    def __init__(self, controller: Controller, extender: Extender, host: str, port: int) -> None:
+    def __init__(
+        self,
+        controller: Controller,
+        extender: Extender,
+        host: str,
+        port: int,
+        *,
+        probe: PolicyProbe | None = None,
+    ) -> None:
         self.controller = controller
         self.extender = extender
+        self.probe = probe
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -85,6 +97,8 @@ class StatusServer:
             for app in apps["apps"]:
                 key = AppKey(app["namespace"], app["appId"])
                 app["excludedNodes"] = self.extender.app_document(key, app.get("profile"))
+            if self.probe is not None:  # the leader's policy probe, per namespace (allocator/probe.py)
+                apps["policyProbe"] = self.probe.document
             _send(request, 200, "application/json", json.dumps(apps).encode())
         elif path.startswith("/apps/") and path.count("/") == 3:
             _, _, namespace, app_id = path.split("/")

@@ -21,8 +21,12 @@ refused, or the refusals change), not at every run; sparkgate/events.py keeps it
 count grows. The alert SparkgateProfileRefused (manifests/monitoring/prometheusrule.yaml) fires on the
 metric.
 
+The per-namespace results are served on the allocator's `/apps` (`policyProbe`: each profile, whether
+it is admitted, how many namespaces were probed, and each refusing namespace with its message).
+
 State: everything here is owned by the one LeaderTask thread that calls `run_if_due` and, on losing the
-lead, `forget`; the metric registry is thread-safe.
+lead, `forget`; the metric registry is thread-safe; `document` is a new dict at each run, replaced whole,
+so the HTTP threads that read it never see one half written.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from sparkgate import contract
 from sparkgate.events import EventRecorder
@@ -77,6 +82,7 @@ class PolicyProbe:
         self._results: dict[tuple[str, str], ProbeResult] = {}  # (profile, namespace): its last answer
         self._cursor = 0  # where the next run starts in the sorted pairs
         self._reported: dict[str, str] = {}  # profile: the refusals last recorded ("" when admitted)
+        self.document: dict[str, Any] = {"profiles": {}}  # for /apps
 
     def due(self) -> bool:
         policy = self.policy.current()
@@ -137,6 +143,7 @@ class PolicyProbe:
                 self.metrics.probe_admitted.remove(profile)
         self._reported, self._results, self._digest, self._cursor = {}, {}, None, 0
         self._last = None
+        self.document = {"profiles": {}}
 
     def _export(self) -> None:
         by_profile: dict[str, list[ProbeResult]] = {}
@@ -146,15 +153,21 @@ class PolicyProbe:
             with contextlib.suppress(KeyError):
                 self.metrics.probe_admitted.remove(profile)
             del self._reported[profile]
-        changed = []
+        changed, profiles = [], {}
         for profile, results in by_profile.items():
             refused = [r for r in results if r.verdict is Verdict.REFUSED]
+            profiles[profile] = {
+                "admitted": not refused,
+                "namespacesProbed": len(results),
+                "refused": {r.namespace: r.message for r in refused},
+            }
             self.metrics.probe_admitted.labels(profile).set(0 if refused else 1)
             message = refusals(profile, refused)
             if message and message != self._reported.setdefault(profile, ""):
                 changed.append((profile, message))
             else:
                 self._reported[profile] = message
+        self.document = {"policy": self._digest, "profiles": profiles}
         for profile, message in changed:  # after every series is set: the Events take requests
             if self._event(profile, message):
                 self._reported[profile] = message  # else (not written) the next run tries again

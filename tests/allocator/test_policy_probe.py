@@ -285,3 +285,15 @@ def test_a_driver_whose_profile_names_a_class_a_runtime_class_and_an_account_run
         )
 
     cluster.wait_for(refused_event, timeout=30, what="the ProfileRefused Event on the policy ConfigMap")
+    # The namespaces are on /apps, not in the metric.
+    assert allocator.apps()["policyProbe"]["profiles"] == {
+        "broken": {
+            "admitted": False,
+            "namespacesProbed": 1,
+            "refused": {
+                "spark-b": 'pods "sparkgate-probe-broken" is forbidden: no PriorityClass with name no-such-class '
+                "was found"
+            },
+        },
+        "spark": {"admitted": True, "namespacesProbed": 1, "refused": {}},
+    }
