@@ -32,6 +32,7 @@ so the HTTP threads that read it never see one half written.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -132,7 +133,8 @@ class PolicyProbe:
                 continue
             if result.verdict is Verdict.REFUSED:
                 log.error("policy probe: %s", result.line())
-            self._results[(result.profile, result.namespace)] = result
+            # Kept without the answered pod (tens of KiB each), which only the check's live comparison reads.
+            self._results[(result.profile, result.namespace)] = dataclasses.replace(result, pod=None)
         self._export()
         return results
 
