@@ -2,8 +2,9 @@
 
 The real `sparkgate webhook` runs the old policy on kubesim, registered as manifests/base/webhooks.yaml
 registers it (sandbox/localsystem.py), with its matchCondition on `request.dryRun` and the probe's label.
-kubesim evaluates matchConditions with CEL as kube-apiserver does (kubesim/admission.py,
-k8s.io/apiserver/pkg/admission/plugin/webhook/generic/webhook.go). The candidate adds, renames and removes
+kubesim evaluates matchConditions with CEL as kube-apiserver does (kubesim/admission.py;
+k8s.io/apiserver/pkg/admission/plugin/webhook/matchconditions/matcher.go), with a `request` whose `dryRun`
+is always set (k8s.io/apiserver/pkg/admission/plugin/cel/filter.go, CreateAdmissionRequest). The candidate adds, renames and removes
 profiles: the added one is reported admitted before it is applied, and every difference from what the live
 webhook does is reported as information, not failure.
 """
