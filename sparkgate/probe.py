@@ -73,9 +73,8 @@ class ProbeResult:
     verdict: Verdict
     message: str = ""  # the API server's refusal word for word (or why the probe could not ask)
     dry_runs: int = 0  # dry-run creations it took
-    pod: Obj | None = field(
-        default=None, compare=False, repr=False
-    )  # the admitted pod, as the server answered
+    # The admitted pod as the API server answered it (for the check's comparison with the live webhook).
+    pod: Obj | None = field(default=None, compare=False, repr=False)
 
     def line(self) -> str:
         head = f"profile {self.profile} in namespace {self.namespace}: {self.verdict.value}"
@@ -198,10 +197,6 @@ def live(kube: Kube, judged: ProbeResult, profile: Profile) -> LiveResult:
     applied = None if not _gated(answer) else profile_name
     differences = _differences(answer, judged.pod) if judged.pod is not None and applied else ()
     return LiveResult(Verdict.ADMITTED, profile=applied, differences=differences)
-
-
-def probe_policy(kube: Kube, policy: Policy, namespaces: Sequence[str] | None = None) -> list[ProbeResult]:
-    return [probe(kube, policy, profile, ns) for profile, ns in targets(kube, policy, namespaces)]
 
 
 def _verdict(error: KubeError) -> Verdict:
