@@ -170,8 +170,12 @@ class EventRecorder:
         now = self.clock()
         with self._lock:
             logged = self._logged.get(key)
-            unchanged = logged is not None and (count, message) == (logged.count, logged.message)
-            if unchanged and count is not None and logged is not None and logged.written:
+            if (
+                logged is not None
+                and logged.written
+                and count is not None
+                and (count, message) == (logged.count, logged.message)
+            ):
                 return False  # the caller's count and message are those written: nothing new to say
             new_count = count if count is not None else (logged.count + 1 if logged else 1)
             name = logged.name if logged is not None else self._name(involved["name"], now)
@@ -211,7 +215,8 @@ class EventRecorder:
             log.warning(
                 "event %s on %s/%s not recorded: %s", reason, involved["namespace"], involved["name"], e
             )
-            observed.written = False
+            with self._lock:
+                observed.written = False  # the next report of the series writes it
             return False
 
     def _name(self, object_name: str, now: float) -> str:
