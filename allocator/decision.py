@@ -204,7 +204,10 @@ def _decide_app(
     first = pods[0] if pods else None
     for problem in problems:
         if first is not None:
-            out.append(_event(key, first, "Warning", "InvalidAnnotation", problem, f"{key}/annotation"))
+            # One series per problem: two bad annotations are two Events, not one whose message flips.
+            out.append(
+                _event(key, first, "Warning", "InvalidAnnotation", problem, f"{key}/annotation/{problem}")
+            )
     bypassed = [pod for pod in pods if pod.bypassed]
     if bypassed:
         # One Event per app, on its driver when known: 500 bypassed pods are one Event whose count is 500.

@@ -212,6 +212,11 @@ def test_annotations_lower_limits_clamped_and_malformed_ones_warned() -> None:
     assert any(
         isinstance(a, Event) and a.reason == "InvalidAnnotation" and "abc" in a.message for a in d.actions
     )
+    # Two bad annotations are two Event series (sparkgate/events.py), not one whose message flips.
+    pods = [pod("a", i, max_pending="many", batch_size="abc") for i in range(1, 3)]
+    d = decide(snap(view("a", pods)), policy(), 100.0, {})
+    invalid = [a for a in d.actions if isinstance(a, Event) and a.reason == "InvalidAnnotation"]
+    assert len(invalid) == 2 and len({a.key for a in invalid}) == 2
 
 
 def test_deleted_executor_ids_are_never_released_again() -> None:
