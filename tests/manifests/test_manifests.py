@@ -250,6 +250,7 @@ def test_the_gate_is_protected_by_an_admission_policy_and_on_old_clusters_by_the
     ]
     conditions = " ".join(c["expression"] for c in spec["matchConditions"])
     assert f"'{contract.ALLOCATOR_USER}'" in conditions and f"'{contract.GATE}'" in conditions
+    assert f"!('{contract.BREAK_GLASS_GROUP}' in request.userInfo.groups)" in conditions
     [validation] = spec["validations"]
     assert f"'{contract.GATE}'" in validation["expression"]
     assert (
