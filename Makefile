@@ -17,7 +17,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Real Prometheus (the dashboard and alert queries are proven against it) and wrk (the admission benchmark).
+# kubectl renders the manifests in the tests (`kubectl kustomize`); the project's machine image ships it.
 tools:
+	@command -v kubectl >/dev/null || { echo "kubectl is missing: the manifest tests render with kubectl kustomize" >&2; exit 1; }
 	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null || ! command -v wrk >/dev/null; then \
 		$(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus wrk >/dev/null; \

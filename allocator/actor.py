@@ -139,13 +139,10 @@ class Actor:
         pod = action.pod
         if pod.gate_index is None:
             raise NotFound(404, "NotGated", f"pod {pod.name} carries no sparkgate gate")
-        pointer = f"/spec/schedulingGates/{pod.gate_index}"
-        patch = [
-            {"op": "test", "path": pointer, "value": {"name": contract.GATE}},
-            {"op": "remove", "path": pointer},
-        ]
         self.kube.patch(
-            f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}", patch, "application/json-patch+json"
+            f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
+            contract.gate_removal(pod.gate_index),
+            "application/json-patch+json",
         )
         if self.on_release is not None:
             self.on_release(action, self.clock())

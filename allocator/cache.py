@@ -52,8 +52,7 @@ def pod_record(obj: Obj) -> PodRecord | None:
     if not app_id:
         return None
     raw_id = labels.get(contract.LABEL_EXEC_ID, "")
-    gates = spec.get("schedulingGates") or []
-    gate_index = next((i for i, g in enumerate(gates) if g.get("name") == contract.GATE), None)
+    gate_index = contract.gate_index(obj)
     reason, exit_code, finished = status.get("reason"), None, None
     for container in status.get("containerStatuses") or []:
         terminated = (container.get("state") or {}).get("terminated")

@@ -1,4 +1,4 @@
-"""`sparkgate allocator` (run the controller) and `sparkgate status` (show what it is doing).
+"""`sparkgate allocator` (run the controller) and `sparkgate status` (show what it is doing: status_output.py).
 
 The allocator's parts are wired here (`assemble`), not in the controller: what feeds what, which callbacks
 the cache calls (the one list of pod observers), and the leader-elected periodic tasks (certificate
@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import logging
 import os
 import signal
 import socket
-import sys
 import threading
-import urllib.request
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sparkgate import contract
+
+from .status_output import OUTPUTS, run_status
 
 if TYPE_CHECKING:
     from certs.sync import Target
@@ -99,7 +98,13 @@ def register(subparsers: Any) -> None:
 
     s = subparsers.add_parser("status", help="show the allocator's view of every app")
     s.add_argument("--url", default=env("SPARKGATE_ALLOCATOR_URL", "http://127.0.0.1:8080"))
-    s.add_argument("--json", action="store_true", help="print the raw /apps document")
+    s.add_argument(
+        "-o",
+        "--output",
+        choices=OUTPUTS,
+        default="table",
+        help="table (default), wide (more columns), or the /apps document as json or yaml",
+    )
     s.set_defaults(run=run_status)
 
 
@@ -373,60 +378,4 @@ def run_allocator(args: argparse.Namespace) -> int:
             "lost the lease: exiting so that no write happens without it"
         )
         return 1
-    return 0
-
-
-def run_status(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    try:
-        with urllib.request.urlopen(args.url.rstrip("/") + "/apps", timeout=10) as r:
-            document = json.loads(r.read())
-    except OSError as e:
-        print(f"cannot reach the allocator at {args.url}: {e}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(document, indent=2))
-        return 0
-    table = Table(
-        title=f"sparkgate apps ({'leader' if document.get('leader') else 'follower'} {document.get('identity', '')})"
-    )
-    for column in (
-        "namespace",
-        "app id",
-        "profile",
-        "gated",
-        "in flight",
-        "running",
-        "failed",
-        "limits",
-        "waiting for",
-        "deletions",
-        "refused nodes",
-    ):
-        table.add_column(column)
-    for app in document["apps"]:
-        limits = app.get("limits") or {}
-        table.add_row(
-            app["namespace"],
-            app["appId"],
-            app.get("profile") or "-",
-            str(app["gated"]),
-            str(app["inFlight"]),
-            str(app["running"]),
-            str(app["failed"]),
-            f"batch {limits.get('batchSize', '-')}, max {limits.get('maxPendingPerApp', '-')}",
-            app.get("waitingFor") or "",
-            ", ".join(f"{k}={v}" for k, v in app.get("deletions", {}).items()),
-            "\n".join(
-                e["message"].replace("sparkgate: ", f"{e['node']}: ") for e in app.get("excludedNodes", [])
-            ),
-        )
-    cluster = document.get("cluster", {})
-    console = Console()
-    console.print(table)
-    console.print(
-        f"cluster: {cluster.get('inFlight')} in flight of {cluster.get('maxPendingCluster')}, {cluster.get('gated')} gated"
-    )
     return 0

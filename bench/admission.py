@@ -1,7 +1,7 @@
 """Admission: the real webhook against its floor, over TLS, fed the captured Spark 4.3 AdmissionReviews.
 
 Both servers are `LocalWebhook`-started processes with the same gunicorn/TLS settings (webhook/server.py):
-the real one is `sparkgate webhook` with the example policy (manifests/overlays/example-policy/policy.yaml, every feature);
+the real one is `sparkgate webhook` with the example policy (manifests/components/example-policy/policy.yaml, every feature);
 the floor (bench/floor.py) reads the review and answers "allowed" with no patch. They run pinned to one CPU
 and the load generators to another (on a machine with at least two), alternately, several rounds back to
 back; the summary holds the medians and the median of the per-round ratios.

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 SMOKE_RESULTS = RESULTS / "smoke"
 FIXTURES = REPO / "tests" / "data" / "spark-4.3"
-EXAMPLE_POLICY = REPO / "manifests" / "overlays" / "example-policy" / "policy.yaml"
+EXAMPLE_POLICY = REPO / "manifests" / "components" / "example-policy" / "policy.yaml"
 
 
 class Row(NamedTuple):

@@ -104,7 +104,9 @@ class Target:
 class SyncResult:
     steps: tuple[Step, ...]
     injected: tuple[WebhookRef, ...]
-    missing: tuple[str, ...]  # webhook configurations that do not exist (yet)
+    missing: tuple[str, ...]  # mutating webhook configurations that do not exist (yet): the install has one
+    # Validating ones that do not exist: only the validating-webhook component creates one.
+    optional_missing: tuple[str, ...] = ()
 
 
 def _decode(data: Mapping[str, str] | None) -> dict[str, bytes]:
@@ -215,13 +217,21 @@ def _cycle(kube: Kube, target: Target, now: dt.datetime, metrics: CertsMetrics |
     if metrics is not None:
         metrics.ca_expiry.set(load_certs(data[CA_CRT])[0].not_valid_after_utc.timestamp())
         metrics.serving_expiry.set(load_certs(data[TLS_CRT])[0].not_valid_after_utc.timestamp())
-    return SyncResult(steps, injected, tuple(missing))
+    optional = tuple(m for m in missing if m.startswith(KINDS["validating"] + "/"))
+    return SyncResult(steps, injected, tuple(m for m in missing if m not in optional), optional)
 
 
 def sync_guarded(
-    kube: Kube, target: Target, now: dt.datetime, metrics: CertsMetrics | None = None
+    kube: Kube,
+    target: Target,
+    now: dt.datetime,
+    metrics: CertsMetrics | None = None,
+    reported: set[str] | None = None,
 ) -> SyncResult | None:
-    """sync_once for loops: failures are logged and counted, never raised."""
+    """sync_once for loops: failures are logged and counted, never raised. A missing mutating webhook
+    configuration is a warning every cycle; a missing optional one is logged at debug level, once while it
+    lasts, when the caller keeps `reported` across cycles (the names already reported; owned by the loop's
+    thread)."""
     try:
         result = sync_once(kube, target, now, metrics)
     except KubeError as e:
@@ -239,6 +249,12 @@ def sync_guarded(
         metrics.syncs.labels("ok").inc()
     for name in result.missing:
         log.warning("webhook configuration %s not found: nothing to inject there", name)
+    for name in result.optional_missing:
+        if reported is None or name not in reported:
+            log.debug("webhook configuration %s not found (optional: components/validating-webhook)", name)
+    if reported is not None:
+        reported.intersection_update(result.optional_missing)  # one that comes back and goes is told again
+        reported.update(result.optional_missing)
     return result
 
 
@@ -267,10 +283,11 @@ def certs_task(
         renew_deadline=renew_deadline,
         retry_period=retry_period,
     )
+    reported: set[str] = set()  # touched by the task's thread only
     return LeaderTask(
         "certs",
         interval,
-        lambda: _cycle_for_task(kube, target, clock, metrics),
+        lambda: _cycle_for_task(kube, target, clock, metrics, reported),
         elector=elector,
         own_lease=True,
         stop=stop,
@@ -295,9 +312,13 @@ def observe_expiry(kube: Kube, target: Target, metrics: CertsMetrics) -> None:
 
 
 def _cycle_for_task(
-    kube: Kube, target: Target, clock: Callable[[], dt.datetime], metrics: CertsMetrics | None
+    kube: Kube,
+    target: Target,
+    clock: Callable[[], dt.datetime],
+    metrics: CertsMetrics | None,
+    reported: set[str],
 ) -> None:
-    if sync_guarded(kube, target, clock(), metrics) is None:
+    if sync_guarded(kube, target, clock(), metrics, reported) is None:
         raise RuntimeError("certs sync cycle failed (see above)")
 
 

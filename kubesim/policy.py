@@ -5,8 +5,8 @@ applies when its `matchConstraints` (resourceRules, excludeResourceRules, namesp
 objectSelector) match and a binding names it (`policyName`) whose `matchResources`, if any, match too.
 Its `matchConditions` must all be true; `variables` are evaluated in order and offered as `variables.NAME`;
 then each of `validations` must be true. CEL sees `object`, `oldObject`, `request` (with
-`request.userInfo.username`), `params` (null: paramKind/paramRef are not implemented) and
-`namespaceObject`. A false validation is a denial with its `reason` (default Invalid) and message: the
+`request.userInfo`: the requesting user's username, uid and groups, `system:authenticated` included),
+`params` (null: paramKind/paramRef are not implemented) and `namespaceObject`. A false validation is a denial with its `reason` (default Invalid) and message: the
 `messageExpression`'s string if it gives a non-empty single line, else `message`, else
 `failed expression: EXPR`. An expression that fails to evaluate denies under `failurePolicy: Fail` (the
 default) with its error, and is ignored under `Ignore`. With `validationActions: [Deny]` the first denial

@@ -22,7 +22,7 @@ from sparkgate.json_patch import apply_patch
 from .local_webhook import LocalWebhook
 
 REPO = Path(__file__).resolve().parents[1]
-EXAMPLE_POLICY = REPO / "manifests" / "overlays" / "example-policy" / "policy.yaml"
+EXAMPLE_POLICY = REPO / "manifests" / "components" / "example-policy" / "policy.yaml"
 FIXTURE = REPO / "tests" / "data" / "spark-4.3" / "etl-nightly-exec-1.admissionreview.json"
 
 FALLBACK_POD: dict[str, Any] = {

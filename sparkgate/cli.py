@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 COMMAND_MODULES = (
     "sparkgate.policy_commands",
+    "sparkgate.release",
     "webhook.commands",
     "certs.commands",
     "allocator.commands",

@@ -24,6 +24,9 @@ CERT_SECRET = "sparkgate-webhook-tls"
 WEBHOOK_SERVICE = "sparkgate-webhook"
 WEBHOOK_CONFIGURATION = "sparkgate"
 POLICY_CONFIGMAP = "sparkgate-policy"  # the policy's ConfigMap (configMapGenerator in manifests/base)
+# Besides the allocator, the only ones the gate protection lets remove the gate: the admin's break-glass
+# path (`sparkgate release`). The install binds nobody to it; an admin binds themselves when needed.
+BREAK_GLASS_GROUP = "sparkgate:break-glass"
 
 # Labels Spark sets on every executor pod (Spark's KubernetesConf / Constants); never changed by sparkgate.
 LABEL_ROLE = "spark-role"
@@ -65,6 +68,19 @@ class AppKey(NamedTuple):
 def is_executor(labels: dict[str, str]) -> bool:
     """An executor pod that sparkgate manages: Spark's executor role and an application id."""
     return labels.get(LABEL_ROLE) == ROLE_EXECUTOR and bool(labels.get(LABEL_APP_ID))
+
+
+def gate_index(pod: dict[str, Any]) -> int | None:
+    """Position of the sparkgate gate in the pod's `spec.schedulingGates`, or None when it has none."""
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    return next((i for i, g in enumerate(gates) if isinstance(g, dict) and g.get("name") == GATE), None)
+
+
+def gate_removal(index: int) -> list[dict[str, Any]]:
+    """The JSON Patch that removes the gate at `index`: its `test` makes a concurrent change of the gates
+    fail the patch (422) instead of removing another gate."""
+    pointer = f"/spec/schedulingGates/{index}"
+    return [{"op": "test", "path": pointer, "value": {"name": GATE}}, {"op": "remove", "path": pointer}]
 
 
 def spark_container_index(containers: list[dict[str, Any]]) -> int:

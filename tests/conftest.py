@@ -12,7 +12,7 @@ from sparkgate.policy import Policy, load_policy
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "data" / "spark-4.3"
-EXAMPLE_POLICY = REPO / "manifests" / "overlays" / "example-policy" / "policy.yaml"
+EXAMPLE_POLICY = REPO / "manifests" / "components" / "example-policy" / "policy.yaml"
 
 
 def load_reviews() -> dict[str, dict[str, Any]]:

@@ -10,7 +10,8 @@ webhook never denies an executor pod (docs/architecture.md: a denied creation is
 executor failure to Spark), so the only outcomes are a patch or no patch.
 
 `validate_update(request, allocator_users)` is the gate protection: an UPDATE that removes the sparkgate
-gate is refused unless it comes from the allocator.
+gate is refused unless it comes from the allocator or a member of the break-glass group
+(`sparkgate release`, docs/operations.md).
 """
 
 from __future__ import annotations
@@ -154,24 +155,22 @@ def _scheduler_name(spec: dict[str, Any], profile: Profile) -> dict[str, Any]:
 
 
 def validate_update(request: dict[str, Any], allocator_users: frozenset[str]) -> tuple[bool, str]:
-    """Gate protection: (allowed, message). Only the allocator may remove the sparkgate gate."""
+    """Gate protection: (allowed, message). Only the allocator and the break-glass group may remove the
+    sparkgate gate."""
     if request.get("operation") != "UPDATE" or not _is_pod(request):
         return True, ""
     old, new = request.get("oldObject"), request.get("object")
     if not isinstance(old, dict) or not isinstance(new, dict):
         return True, ""
-    if not _has_gate(old) or _has_gate(new):
+    if contract.gate_index(old) is None or contract.gate_index(new) is not None:
         return True, ""
-    user = (request.get("userInfo") or {}).get("username", "")
-    if user in allocator_users:
+    user_info = request.get("userInfo") or {}
+    user = user_info.get("username", "")
+    if user in allocator_users or contract.BREAK_GLASS_GROUP in (user_info.get("groups") or ()):
         return True, ""
     who = ", ".join(sorted(allocator_users)) or "the sparkgate allocator"
     return False, (
-        f"sparkgate: only the sparkgate allocator ({who}) may remove the scheduling gate {contract.GATE}; "
+        f"sparkgate: only the sparkgate allocator ({who}) and members of the group "
+        f"{contract.BREAK_GLASS_GROUP} may remove the scheduling gate {contract.GATE}; "
         f"{user or 'this user'} may not. The allocator releases executor pods within the cluster's limits."
     )
-
-
-def _has_gate(pod: dict[str, Any]) -> bool:
-    gates = (pod.get("spec") or {}).get("schedulingGates") or []
-    return any(isinstance(g, dict) and g.get("name") == contract.GATE for g in gates)

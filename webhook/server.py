@@ -5,7 +5,9 @@ API server reuses idle HTTP/1.1 connections and `sync` closes every one; keep-al
 90 s idle timeout so the client closes first; an `ssl_context` hook that caches the context per certificate
 file identity, so a rotated certificate (a Secret volume swaps a symlink) is served to the next new
 connection without a restart and without re-reading the files per connection; prometheus-client's
-multiprocess directory wiped before the first fork and dead workers marked.
+multiprocess directory wiped before the first fork and dead workers marked; no control socket (gunicorn
+25.1+ opens one under $HOME for `gunicornc` by default, which the image's read-only root refuses with an
+error at every start, and nothing in the pod would use it).
 """
 
 from __future__ import annotations
@@ -118,6 +120,7 @@ def gunicorn_settings(options: ServerOptions) -> dict[str, Any]:
         "child_exit": _child_exit,
         "ssl_context": CachedSSLContext(on_load=_record_expiry),
         "proc_name": "sparkgate-webhook",
+        "control_socket_disable": True,
     }
 
 

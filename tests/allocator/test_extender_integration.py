@@ -33,7 +33,7 @@ from kubesim.scheduler import Extender
 from kubesim.sparkdriver import SparkDriver
 from sandbox.localsystem import AllocatorProcess, LocalSystem
 
-OVERLAY = Path(__file__).resolve().parents[2] / "manifests" / "overlays" / "scheduler" / "scheduler.yaml"
+OVERLAY = Path(__file__).resolve().parents[2] / "manifests" / "components" / "scheduler" / "scheduler.yaml"
 POLICY = """
 apiVersion: sparkgate.io/v1alpha1
 kind: Policy

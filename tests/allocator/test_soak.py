@@ -366,7 +366,7 @@ def test_soak_with_random_faults_keeps_the_limits_releases_everything_and_loses_
         document = get_json(server, "/apps")
         out = io.StringIO()
         with redirect_stdout(out):
-            assert main(["status", "--url", f"http://127.0.0.1:{server.port}", "--json"]) == 0
+            assert main(["status", "--url", f"http://127.0.0.1:{server.port}", "-o", "json"]) == 0
         if json.loads(out.getvalue())["apps"] != document["apps"]:
             return False
         sample = metrics.registry.get_sample_value

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import copy
 import datetime as dt
+import logging
 import signal
 import subprocess
 import sys
@@ -143,8 +144,43 @@ def test_rollover_cycle_by_cycle(cluster: Cluster, kube: Kube) -> None:
 def test_missing_configuration_is_reported_not_fatal(cluster: Cluster, kube: Kube) -> None:
     cluster.store.delete("validatingwebhookconfigurations", None, "sparkgate")
     result = sync_once(kube, Target(), T0)
-    assert result.missing == ("validatingwebhookconfigurations/sparkgate",)
+    assert result.missing == () and result.optional_missing == ("validatingwebhookconfigurations/sparkgate",)
     assert len(result.injected) == 2
+    cluster.store.delete("mutatingwebhookconfigurations", None, "sparkgate")
+    result = sync_once(kube, Target(), T0)
+    assert result.missing == ("mutatingwebhookconfigurations/sparkgate",) and result.injected == ()
+
+
+def test_the_optional_validating_configuration_is_told_once_at_debug_and_a_missing_mutating_one_warns(
+    cluster: Cluster, kube: Kube, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The base installs no validating webhook configuration: nothing to warn about, every cycle."""
+    cluster.store.delete("validatingwebhookconfigurations", None, "sparkgate")
+    reported: set[str] = set()
+    with caplog.at_level(logging.DEBUG, logger="certs.sync"):
+        for _ in range(3):
+            assert sync_guarded(kube, Target(), T0, reported=reported) is not None
+    missing = [r for r in caplog.records if "not found" in r.getMessage()]
+    assert [(r.levelno, r.getMessage()) for r in missing] == [
+        (
+            logging.DEBUG,
+            "webhook configuration validatingwebhookconfigurations/sparkgate not found "
+            "(optional: components/validating-webhook)",
+        )
+    ]
+    caplog.clear()
+    cluster.store.delete("mutatingwebhookconfigurations", None, "sparkgate")
+    with caplog.at_level(logging.DEBUG, logger="certs.sync"):
+        for _ in range(2):
+            assert sync_guarded(kube, Target(), T0, reported=reported) is not None
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert (
+        warnings
+        == [
+            "webhook configuration mutatingwebhookconfigurations/sparkgate not found: nothing to inject there"
+        ]
+        * 2
+    )
 
 
 def test_one_lease_holder_at_a_time_taken_over_after_locally_observed_expiry(

@@ -217,6 +217,36 @@ def test_policy_denies_with_the_real_message_and_allows_the_allocator(
     core.patch_namespaced_pod("e2", "spark", {"metadata": {"labels": {"a": "1"}}})  # no gate before: skipped
 
 
+def test_policy_sees_the_requesting_users_groups(cluster: Cluster, core: client.CoreV1Api) -> None:
+    """The CEL `request.userInfo` is the authenticated user's (k8s.io/apiserver/pkg/admission/plugin/cel
+    `CreateAdmissionRequest` copies `attr.GetUserInfo()`): its groups are those the authenticator gave,
+    `system:authenticated` included (pkg/authentication/group/authenticated_group_adder.go)."""
+    admission = client.AdmissionregistrationV1Api(core.api_client)
+    policy = gate_policy()
+    policy["spec"]["validations"] = [
+        {"expression": "'system:authenticated' in request.userInfo.groups", "message": "anonymous"},
+        {
+            "expression": "'ops:break-glass' in request.userInfo.groups",
+            "messageExpression": "'not in the group; first group: ' + request.userInfo.groups[0]",
+        },
+    ]
+    admission.create_validating_admission_policy(policy)
+    admission.create_validating_admission_policy_binding(binding())
+    core.create_namespaced_pod("spark", gated_executor("e1"))
+    ungate = {"spec": {"schedulingGates": None}}
+    member = config.new_client_from_config(str(cluster.add_user("ops", groups=("ops:break-glass",))))
+    outsider = config.new_client_from_config(str(cluster.add_user("jane", groups=("team-a",))))
+    try:
+        with pytest.raises(client.ApiException) as e:
+            client.CoreV1Api(outsider).patch_namespaced_pod("e1", "spark", ungate)
+        assert refusal(e)[1].endswith("denied request: not in the group; first group: team-a")
+        released = client.CoreV1Api(member).patch_namespaced_pod("e1", "spark", ungate)
+        assert released.spec.scheduling_gates is None
+    finally:
+        member.close()
+        outsider.close()
+
+
 def test_policy_message_expression_reason_and_failure_policy(
     cluster: Cluster, core: client.CoreV1Api
 ) -> None:

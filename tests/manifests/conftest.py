@@ -1,4 +1,4 @@
-"""The manifests rendered once per session by tests/manifests/kustomize.py (no kubectl here), and what the
+"""The manifests rendered once per session by tests/manifests/kustomize.py (`kubectl kustomize`), and what the
 install tests need to run them on kubesim: patient webhook configurations, Secret volumes written as the
 kubelet writes them, executor pods as Spark sends them."""
 

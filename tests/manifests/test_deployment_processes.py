@@ -102,6 +102,14 @@ class Kubelet:
 
     # --- volumes -----------------------------------------------------------------------------------------
 
+    def home(self) -> Path:
+        """A HOME nothing can be written under, as in the image: its user has none (/nonexistent) on a
+        read-only root. This test runs as root, for whom no directory is read-only, so HOME lies below a
+        regular file: creating anything there fails (ENOTDIR) as it does in the container (EROFS)."""
+        blocker = self.root / "read-only-root"
+        blocker.touch()
+        return blocker / "nonexistent"
+
     def _local(self, container: Obj, mount: Obj) -> Path:
         return self.root / container["name"] / mount["name"]
 
@@ -147,7 +155,7 @@ class Kubelet:
     # --- processes ---------------------------------------------------------------------------------------
 
     def environment(self, container: Obj, extra: dict[str, str]) -> dict[str, str]:
-        env = {"PATH": os.environ["PATH"], "HOME": str(self.root)}
+        env = {"PATH": os.environ["PATH"], "HOME": str(self.home())}
         mounts = {m["mountPath"]: self._local(container, m) for m in container.get("volumeMounts") or []}
         for entry in container.get("env") or []:
             if "value" in entry:
@@ -178,10 +186,12 @@ class Kubelet:
             done = subprocess.run(
                 [*entrypoint(), *container["args"]],
                 env=self.environment(container, extra.get(container["name"], {})),
-                capture_output=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
                 timeout=120,
             )
-            assert done.returncode == 0, done.stdout + done.stderr
+            (self.root / f"{container['name']}.log").write_bytes(done.stdout)
+            assert done.returncode == 0, done.stdout
 
     def start_containers(self, extra: dict[str, dict[str, str]]) -> None:
         for container in self.spec["containers"]:
@@ -364,3 +374,32 @@ def _answers(base: str, path: str) -> bool:
             return r.status == 200
     except OSError:
         return False
+
+
+def test_the_shipped_install_starts_with_quiet_logs(pod: tuple[Kubelet, Cluster]) -> None:
+    """The base install, started as the image runs it: the certs init container, the webhook under gunicorn
+    (no control socket error on its read-only root) and the allocator through several certificate cycles
+    log no error and no warning (the validating webhook configuration it does not install is no news)."""
+    kubelet, cluster = pod
+    assert not [k for k in kubelet.objects if k[0] == "ValidatingWebhookConfiguration"]
+    kubelet.run_init_containers({})
+    kubelet.start_containers({"allocator": {"SPARKGATE_CERTS_INTERVAL": "0.5"}})
+    allocator_port = kubelet.ports["allocator"]
+    for url in (f"https://127.0.0.1:{kubelet.ports['webhook']}", f"http://127.0.0.1:{allocator_port}"):
+        cluster.wait_for(lambda u=url: _answers(u, "/readyz"), timeout=60, what=f"{url}/readyz")
+    cluster.wait_for(
+        lambda: metric(allocator_port, "sparkgate_certs_syncs_total", 'result="ok"') >= 3,
+        timeout=60,
+        what="three certificate cycles",
+    )
+    assert all(process.poll() is None for _, process in kubelet.processes), kubelet.logs()
+    logs = {name: (kubelet.root / f"{name}.log").read_text() for name in ("certs", "webhook", "allocator")}
+    assert "Booting worker" in logs["webhook"] and "certs sync: " in logs["certs"]
+    noisy = [
+        f"{name}: {line}"
+        for name, text in logs.items()
+        for line in text.splitlines()
+        if re.search(r"\[(ERROR|WARNING)\]|\b(ERROR|WARNING)\b|warning:|Traceback|not found", line)
+    ]
+    assert noisy == []
+    assert not kubelet.home().parent.is_dir()  # nothing tried to live under HOME and got through

@@ -27,6 +27,7 @@ from certs.sync import Target, sync_once
 from kubesim.cluster import Cluster
 from sandbox.local_webhook import LocalWebhook
 from sparkgate import contract
+from sparkgate.cli import main
 from sparkgate.contract import GATE
 from sparkgate.kube import Kube, KubeError
 
@@ -297,5 +298,53 @@ def test_the_allocator_may_only_dry_run_pod_creations(
             assert refused.value.status == 403
             assert "the sparkgate allocator creates pods only as dry runs" in refused.value.message
             assert cluster.store.list_objects("pods")[0] == []
+        finally:
+            allocator.close()
+
+
+def test_on_old_clusters_the_validate_webhook_lets_only_the_break_glass_group_release(
+    kustomize: ModuleType,
+    executors: Any,
+    tmp_path: Path,
+    patient_webhook: Callable[[Obj], Obj],
+    secret_volume: Callable[[Path, dict[str, bytes]], None],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """With components/validating-webhook (no admission policy API): the rendered ValidatingWebhookConfiguration
+    sends the gate removal to the real `sparkgate webhook` over verified TLS; a cluster admin outside the
+    group is refused with the webhook's message, a member of sparkgate:break-glass releases with
+    `sparkgate release`."""
+    objects = kustomize.by_kind(kustomize.install(["validating-webhook"]))
+    assert not [k for k in objects if k[0].startswith("ValidatingAdmissionPolicy")]
+    with (
+        LocalWebhook(REPO / "manifests" / "base" / "policy.yaml", tmp_path / "webhook", workers=1) as webhook,
+        Cluster(
+            nodes=1, namespaces=("default", "kube-system", "sparkgate-system", "spark-jobs"), workdir=tmp_path
+        ) as cluster,
+    ):
+        cluster.register_service("sparkgate-system", "sparkgate-webhook", webhook.url)
+        config = patient_webhook(objects[("ValidatingWebhookConfiguration", "sparkgate")])
+        cluster.store.create("validatingwebhookconfigurations", config)
+        allocator = Kube.from_kubeconfig(str(cluster.add_user(contract.ALLOCATOR_USER)))
+        install = Install(cluster, webhook, allocator, Target(), secret_volume)
+        try:
+            assert install.sync() == (Step.CREATE,)
+            install.mount_secret()
+            pod = executors.pod("held-exec-1")
+            pod["spec"]["schedulingGates"] = [{"name": GATE}]
+            cluster.store.create("pods", pod, namespace="spark-jobs")
+            calls = cluster.admission.calls
+            admin = str(cluster.kubeconfig("admin"))
+            assert main(["release", "--kubeconfig", admin, "-n", "spark-jobs"]) == 1
+            assert (
+                "may not. The allocator releases executor pods within the cluster's limits."
+                in capsys.readouterr().err
+            )
+            assert cluster.admission.calls > calls  # the webhook answered, not a TLS failure
+            member = cluster.add_user("ops@example.com", groups=(contract.BREAK_GLASS_GROUP,))
+            assert main(["release", "--kubeconfig", str(member), "-n", "spark-jobs"]) == 0
+            assert capsys.readouterr().out.splitlines()[-1] == "released 1 executor pod(s)"
+            held = cluster.store.get("pods", "spark-jobs", "held-exec-1")
+            assert not held["spec"].get("schedulingGates")
         finally:
             allocator.close()

@@ -1,4 +1,4 @@
-"""The kustomize base and overlays render, every object validates against the Kubernetes schema of its
+"""The kustomize base and each of its components render, every object validates against the Kubernetes schema of its
 kind (kubernetes-validate's bundled schemas, no network), and the install has the properties the
 operations guide promises: hardened containers, probes, budgets, selectors that keep sparkgate out of its
 own way, and settings consistent with the code that reads them."""
@@ -23,7 +23,7 @@ from sparkgate.probe import MATCH_CONDITION
 Obj = dict[str, Any]
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
-OVERLAYS = sorted(p.parent for p in (MANIFESTS / "overlays").glob("*/kustomization.yaml"))
+_COMPONENTS = sorted(p.parent.name for p in (MANIFESTS / "components").glob("*/kustomization.yaml"))
 # Oldest supported (scheduling gates and matchConditions are GA from 1.30) and newest schemas shipped.
 VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 CRDS = {
@@ -42,9 +42,13 @@ def validate(obj: Obj, version: str) -> None:
     kubernetes_validate.validate(obj, version, strict=True)
 
 
-@pytest.mark.parametrize("directory", [MANIFESTS, *OVERLAYS], ids=lambda p: str(p.relative_to(REPO)))
-def test_every_object_validates_against_its_schema(kustomize: ModuleType, directory: Path) -> None:
-    objects = kustomize.build(directory)
+def test_every_component_of_the_manifests_is_listed_in_the_documented_order(kustomize: ModuleType) -> None:
+    assert sorted(kustomize.COMPONENTS) == _COMPONENTS
+
+
+@pytest.mark.parametrize("component", [None, *_COMPONENTS], ids=lambda c: c or "base")
+def test_every_object_validates_against_its_schema(kustomize: ModuleType, component: str | None) -> None:
+    objects = kustomize.install([component] if component else [])
     assert len({(o["kind"], o["metadata"]["name"]) for o in objects}) == len(objects)
     for obj in objects:
         for version in VERSIONS:
@@ -89,9 +93,9 @@ def references(template: Obj) -> set[str]:
     return named
 
 
-def test_the_example_overlay_ships_the_example_policy_and_what_it_references(kustomize: ModuleType) -> None:
-    objects = kustomize.by_kind(kustomize.build(MANIFESTS / "overlays" / "example-policy"))
-    example = (MANIFESTS / "overlays" / "example-policy" / "policy.yaml").read_text()
+def test_the_example_component_ships_the_example_policy_and_what_it_references(kustomize: ModuleType) -> None:
+    objects = kustomize.by_kind(kustomize.install(["example-policy"]))
+    example = (MANIFESTS / "components" / "example-policy" / "policy.yaml").read_text()
     config_map = objects[("ConfigMap", "sparkgate-policy")]
     assert config_map["data"] == {"policy.yaml": example}
     assert config_map["metadata"]["namespace"] == "sparkgate-system"
@@ -201,10 +205,8 @@ def webhooks(objects: dict[tuple[str, str], Obj]) -> list[tuple[str, Obj]]:
 
 @pytest.fixture(scope="module")
 def old_clusters(kustomize: ModuleType) -> dict[tuple[str, str], Obj]:
-    """The install for clusters older than 1.30 (overlays/validating-webhook)."""
-    objects: dict[tuple[str, str], Obj] = kustomize.by_kind(
-        kustomize.build(MANIFESTS / "overlays" / "validating-webhook")
-    )
+    """The install for clusters older than 1.30 (components/validating-webhook)."""
+    objects: dict[tuple[str, str], Obj] = kustomize.by_kind(kustomize.install(["validating-webhook"]))
     return objects
 
 
@@ -254,6 +256,7 @@ def test_the_gate_is_protected_by_an_admission_policy_and_on_old_clusters_by_the
     ]
     conditions = " ".join(c["expression"] for c in spec["matchConditions"])
     assert f"'{contract.ALLOCATOR_USER}'" in conditions and f"'{contract.GATE}'" in conditions
+    assert f"!('{contract.BREAK_GLASS_GROUP}' in request.userInfo.groups)" in conditions
     [validation] = spec["validations"]
     assert f"'{contract.GATE}'" in validation["expression"]
     assert (
@@ -264,22 +267,11 @@ def test_the_gate_is_protected_by_an_admission_policy_and_on_old_clusters_by_the
     assert ("ValidatingWebhookConfiguration", "sparkgate") not in rendered
 
 
-def test_the_renderer_applies_kustomize_loader_rules(kustomize: ModuleType, tmp_path: Path) -> None:
-    """The mistake kubectl would refuse: an overlay inside the directory of its own base."""
-    (tmp_path / "overlay").mkdir()
-    (tmp_path / "kustomization.yaml").write_text("resources: []\n")
-    (tmp_path / "overlay" / "kustomization.yaml").write_text("resources: [..]\n")
-    with pytest.raises(kustomize.KustomizeError, match="cycle detected"):
-        kustomize.build(tmp_path / "overlay")
-    (tmp_path / "other").mkdir()
-    (tmp_path / "other" / "kustomization.yaml").write_text("resources: [../outside.yaml]\n")
-    (tmp_path / "outside.yaml").write_text("kind: ConfigMap\nmetadata: {name: x}\n")
-    with pytest.raises(kustomize.KustomizeError, match="not in or below"):
-        kustomize.build(tmp_path / "other")
-
-
-def test_cert_manager_overlay_hands_certificates_over(kustomize: ModuleType) -> None:
-    objects = kustomize.by_kind(kustomize.build(MANIFESTS / "overlays" / "cert-manager"))
+@pytest.mark.parametrize(
+    "components", [("cert-manager",), ("validating-webhook", "cert-manager")], ids=" + ".join
+)
+def test_cert_manager_hands_certificates_over(kustomize: ModuleType, components: tuple[str, ...]) -> None:
+    objects = kustomize.by_kind(kustomize.install(components))
     spec = objects[("Deployment", "sparkgate")]["spec"]["template"]["spec"]
     assert "initContainers" not in spec
     allocator = {e["name"]: e.get("value") for e in spec["containers"][1]["env"]}
@@ -297,6 +289,9 @@ def test_cert_manager_overlay_hands_certificates_over(kustomize: ModuleType) -> 
         for _, w in webhooks(objects)
     }
     assert webhook_names and webhook_names <= set(certificate["dnsNames"])
-    annotations = objects[("MutatingWebhookConfiguration", "sparkgate")]["metadata"]["annotations"]
-    assert annotations["cert-manager.io/inject-ca-from"] == "sparkgate-system/sparkgate-webhook"
+    configurations = [o for (kind, _), o in objects.items() if kind.endswith("WebhookConfiguration")]
+    assert len(configurations) == len(components)  # every one that the install has gets its caBundle
+    for configuration in configurations:
+        annotations = configuration["metadata"]["annotations"]
+        assert annotations["cert-manager.io/inject-ca-from"] == "sparkgate-system/sparkgate-webhook"
     assert certificate["secretName"] == "sparkgate-webhook-tls"

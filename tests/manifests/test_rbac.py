@@ -27,6 +27,8 @@ from certs.plan import Lifetimes
 from certs.sync import Target, sync_once
 from kubesim.cluster import Cluster
 from sparkgate import contract
+from sparkgate.cli import main
+from sparkgate.contract import GATE
 from sparkgate.kube import Kube
 from sparkgate.leader import LeaderElector
 
@@ -250,3 +252,40 @@ def test_the_scanner_refuses_paths_it_cannot_read(tmp_path: Path) -> None:
     probe.write_text("self.kube.delete(make_path(x))\n")
     with pytest.raises(AssertionError, match="cannot tell which resource"):
         list(uses_in(probe))
+
+
+def test_the_break_glass_group_is_granted_exactly_what_sparkgate_release_calls(
+    rendered: dict[tuple[str, str], Obj], tmp_path: Path
+) -> None:
+    """`sparkgate release` in each of its forms, run on kubesim as a member of the group: every request it
+    makes is allowed by the shipped ClusterRole bound to that group, and every grant is used."""
+    role = rendered[("ClusterRole", "sparkgate-break-glass")]
+    binding = rendered[("ClusterRoleBinding", "sparkgate-break-glass")]
+    assert binding["roleRef"]["name"] == "sparkgate-break-glass"
+    assert binding["subjects"] == [
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": contract.BREAK_GLASS_GROUP}
+    ]
+    with Cluster(nodes=1, namespaces=("default", "spark"), workdir=tmp_path) as cluster:
+        for i in (1, 2):
+            pod = {
+                "metadata": {
+                    "name": f"app-exec-{i}",
+                    "namespace": "spark",
+                    "labels": {contract.LABEL_ROLE: contract.ROLE_EXECUTOR, contract.LABEL_APP_ID: "app"},
+                },
+                "spec": {"containers": [{"name": "c", "image": "i"}], "schedulingGates": [{"name": GATE}]},
+            }
+            cluster.store.create("pods", pod, namespace="spark")
+        config = str(cluster.add_user("ops@example.com", groups=(contract.BREAK_GLASS_GROUP,)))
+        for argv in (
+            ["-A", "--dry-run"],
+            ["-n", "spark", "--app", "app", "--dry-run"],
+            ["-n", "spark", "--pod", "app-exec-1"],
+            ["-A"],
+        ):
+            assert main(["release", "--kubeconfig", config, *argv]) == 0
+        requests = {(e.resource, e.verb) for e in cluster.requests.entries() if e.user == "ops@example.com"}
+    assert requests == {("pods", "list"), ("pods", "get"), ("pods", "patch")}
+    assert all(any(allows(rule, "", *request) for rule in role["rules"]) for request in requests)
+    granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    assert granted == requests and all(rule["apiGroups"] == [""] for rule in role["rules"])

@@ -1,6 +1,6 @@
 """The dashboard and the alert rules as files: importable into any Grafana with a Prometheus data source,
 using only metrics that exist (and every one of them), each alert with its runbook entry, and both shipped
-by the prometheus-operator overlay exactly as they are in manifests/monitoring/. Whether the queries return
+by the prometheus-operator component exactly as they are in manifests/monitoring/. Whether the queries return
 data is test_prometheus.py's job."""
 
 from __future__ import annotations
@@ -159,9 +159,9 @@ def test_the_certificate_alert_warns_14_days_ahead(alert_rules: list[dict[str, A
 
 
 @pytest.fixture(scope="module")
-def overlay(kustomize_module: ModuleType) -> dict[tuple[str, str], dict[str, Any]]:
+def component(kustomize_module: ModuleType) -> dict[tuple[str, str], dict[str, Any]]:
     objects: dict[tuple[str, str], dict[str, Any]] = kustomize_module.by_kind(
-        kustomize_module.build(REPO / "manifests" / "overlays" / "prometheus-operator")
+        kustomize_module.install(["prometheus-operator"])
     )
     return objects
 
@@ -178,14 +178,16 @@ def kustomize_module() -> ModuleType:
     return module
 
 
-def test_the_overlay_ships_the_dashboard_and_the_rules_as_they_are(
-    overlay: dict[tuple[str, str], dict[str, Any]], dashboard: dict[str, Any], prometheus_rule: dict[str, Any]
+def test_the_component_ships_the_dashboard_and_the_rules_as_they_are(
+    component: dict[tuple[str, str], dict[str, Any]],
+    dashboard: dict[str, Any],
+    prometheus_rule: dict[str, Any],
 ) -> None:
-    config_map = overlay[("ConfigMap", "sparkgate-dashboard")]
+    config_map = component[("ConfigMap", "sparkgate-dashboard")]
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert config_map["metadata"]["namespace"] == "sparkgate-system"
     assert json.loads(config_map["data"]["sparkgate-dashboard.json"]) == dashboard
-    rule = overlay[("PrometheusRule", "sparkgate")]
+    rule = component[("PrometheusRule", "sparkgate")]
     assert rule["metadata"]["namespace"] == "sparkgate-system"
     assert rule["spec"] == prometheus_rule["spec"]
 

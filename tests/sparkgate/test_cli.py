@@ -35,6 +35,7 @@ def imported_by(*argv: str) -> list[str]:
         ("certs", "sync", "--help"),
         ("policy", "check", "--help"),
         ("status", "--help"),
+        ("release", "--help"),
     ],
 )
 def test_production_commands_import_no_simulator_or_demo(argv: tuple[str, ...]) -> None:

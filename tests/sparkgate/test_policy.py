@@ -15,7 +15,7 @@ from sparkgate.policy import (
     resolve,
 )
 
-EXAMPLE = Path(__file__).parents[2] / "manifests" / "overlays" / "example-policy" / "policy.yaml"
+EXAMPLE = Path(__file__).parents[2] / "manifests" / "components" / "example-policy" / "policy.yaml"
 HEAD = "apiVersion: sparkgate.io/v1alpha1\nkind: Policy\n"
 
 

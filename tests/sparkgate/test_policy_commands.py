@@ -8,7 +8,7 @@ import pytest
 
 from sparkgate.cli import main
 
-EXAMPLE = Path(__file__).parents[2] / "manifests" / "overlays" / "example-policy" / "policy.yaml"
+EXAMPLE = Path(__file__).parents[2] / "manifests" / "components" / "example-policy" / "policy.yaml"
 
 
 def test_valid_policy_is_summarised(capsys: pytest.CaptureFixture[str]) -> None:

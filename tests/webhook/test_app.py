@@ -28,7 +28,9 @@ class Clock:
 def policy_file(tmp_path: Path) -> Path:
     path = tmp_path / "policy.yaml"
     path.write_text(
-        (Path(__file__).parents[2] / "manifests" / "overlays" / "example-policy" / "policy.yaml").read_text()
+        (
+            Path(__file__).parents[2] / "manifests" / "components" / "example-policy" / "policy.yaml"
+        ).read_text()
     )
     return path
 

@@ -355,17 +355,26 @@ def test_patch_always_applies_never_touches_spark_labels_and_is_idempotent(
 ALLOCATOR = "system:serviceaccount:sparkgate-system:sparkgate-allocator"
 
 
-def update(old: dict[str, Any], new: dict[str, Any], user: str) -> dict[str, Any]:
-    return {**request_for(new, operation="UPDATE"), "oldObject": old, "userInfo": {"username": user}}
+def update(
+    old: dict[str, Any], new: dict[str, Any], user: str, groups: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    user_info = {"username": user, "groups": [*groups, "system:authenticated"]}
+    return {**request_for(new, operation="UPDATE"), "oldObject": old, "userInfo": user_info}
 
 
-def test_only_the_allocator_may_remove_the_gate() -> None:
+def test_only_the_allocator_and_the_break_glass_group_may_remove_the_gate() -> None:
     gated = executor(schedulingGates=[{"name": "x/other"}, {"name": contract.GATE}])
     released = executor(schedulingGates=[{"name": "x/other"}])
-    allowed, message = validate_update(update(gated, released, "alice"), frozenset({ALLOCATOR}))
+    users = frozenset({ALLOCATOR})
+    allowed, message = validate_update(update(gated, released, "alice", ("system:masters",)), users)
     assert not allowed
     assert "sparkgate" in message and ALLOCATOR in message and "alice" in message
-    assert validate_update(update(gated, released, ALLOCATOR), frozenset({ALLOCATOR})) == (True, "")
+    assert contract.BREAK_GLASS_GROUP in message
+    assert validate_update(update(gated, released, ALLOCATOR), users) == (True, "")
+    assert validate_update(update(gated, released, "alice", (contract.BREAK_GLASS_GROUP,)), users) == (
+        True,
+        "",
+    )
 
 
 def test_other_updates_are_allowed_untouched() -> None:

@@ -21,7 +21,7 @@ from sparkgate import contract
 
 from .test_mutation import executor, request_for
 
-POLICY = Path(__file__).parents[2] / "manifests" / "overlays" / "example-policy" / "policy.yaml"
+POLICY = Path(__file__).parents[2] / "manifests" / "components" / "example-policy" / "policy.yaml"
 
 
 @pytest.fixture(scope="module")

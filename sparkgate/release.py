@@ -1,0 +1,150 @@
+"""`sparkgate release`: the admin's break-glass path, removing sparkgate's gate from executor pods by hand.
+
+The allocator is the one that releases pods, within the limits; this command is for when it cannot (it is
+down, or an app must be unblocked now) and for the uninstall. It runs with the admin's own credentials (a
+kubeconfig, else the in-cluster service account), which the gate protection admits only for members of
+the group `sparkgate:break-glass` (contract.BREAK_GLASS_GROUP): the install binds nobody to it, so an
+admin is never let through by accident (docs/operations.md, "Releasing pods by hand").
+
+Each pod is released with the allocator's own patch (contract.gate_removal: a `test` of the gate's entry,
+then its removal), so a concurrent change of the pod's gates is detected and the pod re-read, never
+overwritten. `--dry-run` sends the same patches with `dryRun=All`: the API server runs its whole admission
+chain on them (so a refusal shows) and stores nothing. A pod that is gone or already released is skipped;
+a refusal is printed with the API server's message and makes the command exit 1, after the other pods.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from sparkgate import contract
+from sparkgate.kube import Invalid, Kube, KubeError, NotFound
+
+Obj = dict[str, Any]
+ATTEMPTS = 3  # re-reads of a pod whose gates changed between our read and our patch
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    p = subparsers.add_parser(
+        "release",
+        help="remove sparkgate's gate from executor pods by hand (needs the group sparkgate:break-glass)",
+        description="Remove sparkgate's scheduling gate from executor pods with your own credentials, "
+        "bypassing the allocator's limits. The gate protection admits this only for members of the group "
+        f"{contract.BREAK_GLASS_GROUP}.",
+    )
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("-n", "--namespace", help="release the executor pods of this namespace")
+    where.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="release the executor pods of every namespace"
+    )
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--app", metavar="APP_ID", help="only this application's pods (spark-app-selector)")
+    which.add_argument("--pod", action="append", metavar="NAME", help="only this pod (repeatable; needs -n)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="send each patch with dryRun=All: the API server checks it and stores nothing",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else the in-cluster service account)",
+    )
+    p.set_defaults(run=run_release)
+
+
+def kubeconfig_path(explicit: str | None) -> str | None:
+    """The kubeconfig kubectl would use, or None for the in-cluster service account."""
+    if explicit:
+        return explicit
+    if os.environ.get("KUBECONFIG"):
+        return os.environ["KUBECONFIG"]
+    default = os.path.expanduser("~/.kube/config")
+    return default if os.path.exists(default) else None
+
+
+def run_release(args: argparse.Namespace) -> int:
+    if args.pod and not args.namespace:
+        print("sparkgate release: --pod needs -n/--namespace", file=sys.stderr)
+        return 2
+    kube = Kube.from_kubeconfig(kubeconfig_path(args.kubeconfig))
+    try:
+        return release(kube, args.namespace, app=args.app, pods=args.pod or (), dry_run=args.dry_run)
+    except KubeError as e:
+        print(f"sparkgate release: {e.message}", file=sys.stderr)
+        return 1
+    finally:
+        kube.close()
+
+
+def release(
+    kube: Kube, namespace: str | None, *, app: str | None = None, pods: tuple[str, ...] = (), dry_run: bool
+) -> int:
+    """Release the gated executor pods chosen (namespace None: every namespace); 0, or 1 if any was refused."""
+    verb = "would release" if dry_run else "released"
+    done = refused = 0
+    for pod in _candidates(kube, namespace, app, pods):
+        meta = pod["metadata"]
+        where = f"{meta['namespace']}/{meta['name']}"
+        try:
+            skipped = _release_one(kube, pod, dry_run)
+        except KubeError as e:
+            print(f"refused {where}: {e.message}", file=sys.stderr)
+            refused += 1
+            continue
+        if skipped:
+            print(f"{where}: {skipped}, nothing to release")
+            continue
+        done += 1
+        print(f"{verb} {where} (app {(meta.get('labels') or {}).get(contract.LABEL_APP_ID, '-')})")
+    summary = f"{verb} {done} executor pod(s)"
+    if dry_run:
+        summary += " (dry run: the API server admitted each patch and stored nothing)"
+    if refused:
+        summary += f"; {refused} refused"
+    print(summary)
+    return 1 if refused else 0
+
+
+def _candidates(kube: Kube, namespace: str | None, app: str | None, names: tuple[str, ...]) -> list[Obj]:
+    """The executor pods chosen that carry the gate (each named pod, gated or not, so that it is reported)."""
+    if names:
+        return [kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}") for name in names]
+    path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+    selector = f"{contract.LABEL_ROLE}={contract.ROLE_EXECUTOR}"
+    if app:
+        selector += f",{contract.LABEL_APP_ID}={app}"
+    items, _ = kube.list(path, label_selector=selector)
+    gated = [p for p in items if contract.gate_index(p) is not None]
+    return sorted(gated, key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"]))
+
+
+def _release_one(kube: Kube, pod: Obj, dry_run: bool) -> str:
+    """Remove the gate (""), or say why there was nothing to remove."""
+    meta = pod["metadata"]
+    path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+    for attempt in range(1, ATTEMPTS + 1):
+        index = contract.gate_index(pod)
+        if index is None:
+            return "not gated"
+        try:
+            kube.request(
+                "PATCH",
+                path,
+                query={"dryRun": "All"} if dry_run else None,
+                body=contract.gate_removal(index),
+                content_type="application/json-patch+json",
+            )
+            return ""
+        except NotFound:
+            return "gone"
+        except Invalid:  # the `test` failed: the gates changed since the read
+            if attempt == ATTEMPTS:
+                raise
+        try:
+            pod = kube.get(path)
+        except NotFound:
+            return "gone"
+    raise AssertionError("unreachable")
