@@ -79,11 +79,23 @@ def bad_request(message: str) -> ApiError:
     return ApiError(400, "BadRequest", message)
 
 
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+
+
 @dataclass(frozen=True)
 class UserInfo:
+    """Who a bearer token authenticates as. `pod`: the pod a service account token is bound to, which
+    kube-apiserver reports in the user's extra as `authentication.kubernetes.io/pod-name` (the bound
+    token's claims: pkg/serviceaccount/claims.go, `PodNameKey` in pkg/serviceaccount/util.go), so the
+    replicas of one service account are told apart."""
+
     username: str
     uid: str = ""
     groups: tuple[str, ...] = ()
+    pod: str = ""
 
     def review(self) -> dict[str, Any]:
-        return {"username": self.username, "uid": self.uid, "groups": list(self.groups)}
+        review: dict[str, Any] = {"username": self.username, "uid": self.uid, "groups": list(self.groups)}
+        if self.pod:
+            review["extra"] = {POD_NAME_EXTRA: [self.pod]}
+        return review
