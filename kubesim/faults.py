@@ -191,7 +191,8 @@ class LoggedRequest:
 
     @property
     def applied_write(self) -> bool:
-        return self.verb in WRITES and 200 <= self.code < 300
+        """A write that went through and was not a dry run."""
+        return self.verb in WRITES and 200 <= self.code < 300 and "dryRun=" not in self.query
 
 
 class RequestLog:
