@@ -323,15 +323,19 @@ def run_allocator(args: argparse.Namespace) -> int:
         backoff_base=args.backoff_base,
         backoff_cap=args.backoff_cap,
     )
-    allocator = assemble(
-        kube,
-        policy,
-        options,
-        metrics,
-        certs=target_from(args, args.namespace) if args.certs else None,
-        certs_interval=args.certs_interval,
-        probe_interval=args.probe_interval,
-    )
+    try:
+        allocator = assemble(
+            kube,
+            policy,
+            options,
+            metrics,
+            certs=target_from(args, args.namespace) if args.certs else None,
+            certs_interval=args.certs_interval,
+            probe_interval=args.probe_interval,
+        )
+    except ValueError as e:  # durations the elector refuses (sparkgate/leader.py)
+        print(f"sparkgate allocator: {e}", file=sys.stderr)
+        return 2
     controller = allocator.controller
     host, _, port = args.http.rpartition(":")
     server = StatusServer(controller, allocator.extender, host or "0.0.0.0", int(port))

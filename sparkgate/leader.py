@@ -9,15 +9,16 @@ with a monotonic clock for every duration:
   renew (timed from before its request was sent) is younger than `renew_deadline`. client-go's `renew`
   gives each round of renewals a `RenewDeadline` context and stops leading when it ends; here nothing has
   to notice the failure for leadership to end, so a renew stuck in a hung API server cannot keep a replica
-  writing. Every write of the leader checks it first (sparkgate/kube.py `Kube.gated`);
+  writing (client-go's `IsLeader` only compares the observed holder with its own identity). Every write of
+  the leader checks it first (sparkgate/kube.py `Kube.gated`);
 - each lease request is one attempt (no retry loop: the next turn, `retry_period` later, is the retry)
   with a timeout of half the renew deadline, so a turn (a read, then a write) ends before the deadline;
 - the leader renews every `retry_period`; a graceful stop gives the lease up (client-go's `ReleaseOnCancel`)
   so a follower takes over without waiting for it to expire. Every write carries the lease's
   resourceVersion, so two candidates can never both win (the loser gets 409).
-`lease_duration > renew_deadline > retry_period` (client-go's `NewLeaderElector` checks the same): a
-follower waits a whole lease duration from its own observation, so the old leader's last write comes
-`lease_duration - renew_deadline` or more before a new leader's first.
+`lease_duration > renew_deadline > retry_period` is checked (as client-go's `NewLeaderElector` checks its
+durations): a follower waits a whole lease duration from its own observation, so the old leader's last
+write is sent `lease_duration - renew_deadline` or more before a new leader's first.
 
 The one elector of sparkgate: the allocator's Lease and certificate rotation's both use it. `LeaderTask`
 runs a periodic piece of work only while a Lease is held: its own Lease, renewed by the task's thread (the

@@ -2,7 +2,8 @@
 allocator` assembles it (allocator/commands.py `assemble`), against kubesim over HTTP:
 
 - a reflector whose handler raises is restarted from a fresh list and counted, and the cache goes on;
-- `/healthz` fails, naming the watch, while a reflector is wedged, and is healthy again once it moves;
+- `/healthz` fails, naming the watch, while a reflector is wedged, and is healthy again once it moves; the
+  same for the leader thread;
   `/readyz` fails while a watch cannot be re-established, and recovers;
 - a corrupt deletion history is logged, counted, set aside and replaced: the allocator starts and acts;
 - an exception in one app's decision does not stop the others (decision.py).
@@ -192,6 +193,41 @@ def test_healthz_fails_while_a_reflector_is_wedged_and_recovers(start: Any) -> N
     running.cluster.wait_for(
         lambda: running.get("/healthz") == (200, "ok\n"), timeout=60, what="healthy again"
     )
+
+
+def test_healthz_fails_while_the_leader_thread_is_wedged_and_recovers(start: Any) -> None:
+    """The leader thread beats at every turn of the Lease; one wedged for longer than a lease duration plus
+    a renew deadline (here 120 + 60 s on the test's clock: the real Lease is far from lapsing) fails
+    /healthz by name, while everything else beats on; healthy again once it turns."""
+    clock = FakeClock()
+    running = start(health_clock=clock, lease_duration=120.0, renew_deadline=60.0)
+    controller = running.allocator.controller
+    assert controller.health.bounds == {"leader": 180.0}
+    running.cluster.wait_for(lambda: controller.elector.leading, timeout=30, what="leading")
+    turn = controller.elector.turn
+    wedged, unwedge = threading.Event(), threading.Event()
+
+    def stuck() -> bool:
+        wedged.set()
+        unwedge.wait(120)
+        return turn()
+
+    controller.elector.turn = stuck  # type: ignore[method-assign]
+    try:
+        running.cluster.wait_for(wedged.is_set, timeout=60, what="the leader thread wedged")
+        clock.advance(181)
+        running.cluster.wait_for(
+            lambda: list(controller.health.stalled()) == ["leader"],
+            timeout=60,
+            what="every part but the leader thread to beat again",
+        )
+        assert running.get("/healthz") == (503, "leader: no progress for 181s\n")
+    finally:
+        unwedge.set()
+    running.cluster.wait_for(
+        lambda: running.get("/healthz") == (200, "ok\n"), timeout=60, what="healthy again"
+    )
+    assert controller.elector.leading
 
 
 def test_readyz_fails_while_a_watch_cannot_be_re_established(start: Any) -> None:

@@ -7,12 +7,14 @@ from __future__ import annotations
 import datetime as dt
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from certs.sync import Target, certs_task
 from kubesim.cluster import Cluster
 from sparkgate import contract
+from sparkgate.cli import main
 from sparkgate.kube import Kube
 from sparkgate.leader import LeaderElector
 
@@ -133,3 +135,30 @@ def test_a_certificate_cycle_writes_only_while_its_lease_is_held(cluster: Cluste
     assert task.elector.try_acquire_or_renew()
     task.work()
     assert cluster.store.get("secrets", NS, Target().secret)["data"]
+
+
+def test_durations_the_elector_cannot_keep_are_refused_with_a_clear_error(
+    cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A renew deadline at least the lease duration would let a follower take over while the leader still
+    writes: `sparkgate allocator` refuses to start, saying which durations."""
+    code = main(
+        [
+            "allocator",
+            "--kubeconfig",
+            str(cluster.kubeconfig()),
+            "--policy",
+            str(tmp_path / "policy.yaml"),
+            "--lease-duration",
+            "15",
+            "--renew-deadline",
+            "20",
+            "--no-certs",
+        ]
+    )
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "sparkgate allocator: lease sparkgate-allocator: need lease duration > renew deadline > retry period"
+        " > 0, got 15 s, 20 s, 2 s\n"
+    )
+    assert cluster.requests.count(resource="leases") == 0
