@@ -1,9 +1,9 @@
 """The allocator's view of the cluster: reflectors (sparkgate/kube.py `Reflector`: list, then watch) feeding
 a cache of compact records.
 
-A reflector relists on 410 only; the cache diffs a relist against what it held and treats what vanished
-as deleted. Objects are raw JSON turned at once into small frozen records (allocator/model.py): the cache
-never keeps whole pods. Every change names the apps it touched, so the loop decides only for those.
+A reflector relists only on 410 (or after a handler's crash); the cache diffs a relist against what it
+held and treats what vanished as deleted. Objects are raw JSON turned at once into small frozen records
+(allocator/model.py): the cache never keeps whole pods. Every change names the apps it touched, so the loop decides only for those.
 
 Threading: each reflector runs in its own thread and calls the cache's `*_event`/`*_replace` methods. The
 cache holds one lock, `Cache._lock`, for its maps; it is a leaf: every callback (`on_change`, `on_gone`, the

@@ -409,12 +409,13 @@ class Reflector:
                     self.on_replace(items)
                     self.synced = True
                     self._progress()
-                if self._watch():
+                normal = self._watch()
+                if self.stop.is_set():
+                    return
+                if normal:
                     self._failures = 0
                     self._restart("timeout")  # the server ended the stream: resume from the last version
                     continue
-                if self.stop.is_set():
-                    return
                 cause = f"very short watch: closed within {self.short_watch:g}s with no event"
                 self._restart("short")
             except Gone:
