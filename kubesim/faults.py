@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -49,7 +50,7 @@ class Faults:
         self._lock = threading.Lock()
         self._errors: list[_Rule] = []
         self._delays: list[_Rule] = []
-        self._watches: dict[int, tuple[str, Callable[[], None]]] = {}
+        self._watches: dict[int, tuple[str, Callable[[], None], float]] = {}  # (resource, close, opened)
         self._watch_ids = itertools.count()
         self._hangs: list[_Rule] = []
         self._resumed = threading.Event()
@@ -114,7 +115,7 @@ class Faults:
         """The HTTP layer's open watch streams, so that `drop_watches` can end them; returns unregister."""
         with self._lock:
             key = next(self._watch_ids)
-            self._watches[key] = (resource, close)
+            self._watches[key] = (resource, close, time.monotonic())
 
         def unregister() -> None:
             with self._lock:
@@ -122,10 +123,17 @@ class Faults:
 
         return unregister
 
-    def drop_watches(self, resource: str = "*") -> int:
-        """Ends the open watch streams of `resource` ("*": all) now; returns how many."""
+    def drop_watches(self, resource: str = "*", *, min_age: float = 0.0) -> int:
+        """Ends the open watch streams of `resource` ("*": all) now, those open for `min_age` seconds or
+        more (a client backs off after a watch cut within a second of opening: sparkgate/kube.py
+        `Reflector`); returns how many."""
+        oldest = time.monotonic() - min_age
         with self._lock:
-            dropped = [(key, close) for key, (r, close) in self._watches.items() if _matches(resource, r)]
+            dropped = [
+                (key, close)
+                for key, (r, close, opened) in self._watches.items()
+                if _matches(resource, r) and opened <= oldest
+            ]
             for key, _ in dropped:
                 del self._watches[key]
         for _, close in dropped:
