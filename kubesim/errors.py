@@ -85,9 +85,10 @@ POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 @dataclass(frozen=True)
 class UserInfo:
     """Who a bearer token authenticates as. `pod`: the pod a service account token is bound to, which
-    kube-apiserver reports in the user's extra as `authentication.kubernetes.io/pod-name` (the bound
-    token's claims: pkg/serviceaccount/claims.go, `PodNameKey` in pkg/serviceaccount/util.go), so the
-    replicas of one service account are told apart."""
+    kube-apiserver reports in the user's extra as `authentication.kubernetes.io/pod-name`
+    (pkg/serviceaccount/util.go, `PodNameKey` in `ServiceAccountInfo.UserInfo`), so the replicas of one
+    service account are told apart. Not modelled: the `pod-uid` extra that comes with it, and the
+    credential id and node extras of newer versions."""
 
     username: str
     uid: str = ""
