@@ -12,6 +12,12 @@
   is patched, and a token bucket per pod, so a thousand-pod app does not flood the API server.
 Transient API errors are retried with backoff inside sparkgate/kube.py.
 
+Only the leader writes, and leadership can lapse while actions wait or run (a hung API server: the Lease
+not renewed within its renew deadline). So every write the actor makes, each retry too, first checks
+`leading()` (its client is `Kube.gated` on it): once leadership has lapsed, the write is not sent, and the
+app's remaining actions and every app's queued actions are dropped without a request (`AppResult.dropped`);
+the next leader decides them again from the cluster.
+
 One app's actions are carried out in order (its config maps exist before its pods are released); different
 apps' actions run side by side on a few threads, so an app whose slot was just freed is not refilled only
 after another app's whole batch of PATCHes (bench/refill.py measured that wait at ~200 ms). The actor's own
@@ -32,7 +38,7 @@ from typing import Any
 from sparkgate import contract
 from sparkgate.contract import AppKey
 from sparkgate.events import EventRecorder
-from sparkgate.kube import Conflict, Invalid, Kube, KubeError, NotFound
+from sparkgate.kube import Conflict, Invalid, Kube, KubeError, NotFound, NotLeading
 
 from .model import Action, CreateConfigMap, DeleteConfigMap, DeletePod, Event, Release
 
@@ -42,11 +48,13 @@ log = logging.getLogger(__name__)
 @dataclass
 class AppResult:
     """How one app's actions went: ok when every write went through; the pods whose gate was removed;
-    wrote when a write other than an Event went through."""
+    wrote when a write other than an Event went through; dropped when leadership lapsed before all of them
+    were sent (the rest were not)."""
 
     ok: bool = True
     released: list[str] = field(default_factory=list)
     wrote: bool = False
+    dropped: bool = False
 
     @property
     def outcome(self) -> bool | None:
@@ -65,19 +73,20 @@ class Actor:
         kube: Kube,
         install_namespace: str,
         *,
+        leading: Callable[[], bool],
         identity: str = contract.ALLOCATOR_SERVICE_ACCOUNT,
         clock: Callable[[], float] = time.time,
         on_release: Callable[[Release, float], None] | None = None,
         on_delete: Callable[[DeletePod], None] | None = None,
         parallel_apps: int = 8,
     ) -> None:
-        self.kube = kube
+        self.kube = kube.gated(leading)
         self.install_namespace = install_namespace
         self.identity = identity
         self.clock = clock
         self.on_release = on_release
         self.on_delete = on_delete
-        self.events = EventRecorder(kube, identity=identity, clock=clock)
+        self.events = EventRecorder(self.kube, identity=identity, clock=clock)
         self._pool = ThreadPoolExecutor(max_workers=parallel_apps, thread_name_prefix="actor")
 
     def submit(self, actions: Iterable[Action]) -> dict[AppKey, Future[AppResult]]:
@@ -101,6 +110,10 @@ class Actor:
                 if isinstance(action, Release):
                     result.released.append(action.pod.uid)
                 result.wrote |= not isinstance(action, Event)
+            except NotLeading:
+                log.info("not the leader any more: %s's remaining actions dropped", action.app)
+                result.dropped = True
+                break
             except (Conflict, Invalid, NotFound) as e:
                 log.info(
                     "%s for %s was stale (%s); re-deciding",

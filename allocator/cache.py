@@ -1,12 +1,9 @@
-"""The allocator's view of the cluster: reflectors (list, then watch) feeding a cache of compact records.
+"""The allocator's view of the cluster: reflectors (sparkgate/kube.py `Reflector`: list, then watch) feeding
+a cache of compact records.
 
-Each reflector lists its objects, then watches from the list's resourceVersion with bookmarks and a
-server timeout, resumes from the last resourceVersion it saw, relists on 410 (the cache diffs the relist
-against what it held and treats what vanished as deleted) and backs off with jitter on other errors. Any
-other exception (a malformed object, a bug in a handler) is contained: counted, logged with its traceback,
-and the reflector starts again from a fresh list after its backoff; the thread never ends before `stop`.
-Objects are raw JSON turned at once into small frozen records (allocator/model.py): the cache never keeps
-whole pods. Every change names the apps it touched, so the loop decides only for those.
+A reflector relists only on 410 (or after a handler's crash); the cache diffs a relist against what it
+held and treats what vanished as deleted. Objects are raw JSON turned at once into small frozen records
+(allocator/model.py): the cache never keeps whole pods. Every change names the apps it touched, so the loop decides only for those.
 
 Threading: each reflector runs in its own thread and calls the cache's `*_event`/`*_replace` methods. The
 cache holds one lock, `Cache._lock`, for its maps; it is a leaf: every callback (`on_change`, `on_gone`, the
@@ -18,8 +15,6 @@ immutable snapshots.
 from __future__ import annotations
 
 import datetime as dt
-import logging
-import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,11 +22,9 @@ from typing import Any
 
 from sparkgate import contract
 from sparkgate.contract import AppKey
-from sparkgate.kube import Gone, Kube, KubeError
 
 from .model import AppView, DriverRecord, PodRecord, Snapshot
 
-log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 
@@ -308,109 +301,3 @@ class _Out:
 
     gone: list[tuple[PodRecord, bool]] = field(default_factory=list)
     changes: list[tuple[PodRecord | None, PodRecord | None]] = field(default_factory=list)
-
-
-class Reflector:
-    """List then watch one kind of object, forever, until stopped. `synced` is true while the reflector's
-    view is current: from a successful list (or watch start) until an error or a crash."""
-
-    def __init__(
-        self,
-        kube: Kube,
-        name: str,
-        path: str,
-        label_selector: str | None,
-        on_event: Callable[[str, Obj], None],
-        on_replace: Callable[[list[Obj]], None],
-        *,
-        stop: threading.Event,
-        on_restart: Callable[[str, str], None] | None = None,
-        on_crash: Callable[[str], None] | None = None,
-        on_progress: Callable[[str], None] | None = None,
-        timeout_seconds: int = 240,
-        backoff_base: float = 0.2,
-        backoff_cap: float = 10.0,
-        rand: Callable[[], float] = random.random,
-    ) -> None:
-        self.kube = kube
-        self.name = name
-        self.path = path
-        self.label_selector = label_selector
-        self.on_event = on_event
-        self.on_replace = on_replace
-        self.stop = stop
-        self.on_restart = on_restart
-        self.on_crash = on_crash
-        self.on_progress = on_progress
-        self.synced = False
-        self.timeout_seconds = timeout_seconds
-        self.backoff_base = backoff_base
-        self.backoff_cap = backoff_cap
-        self.rand = rand
-        self.resource_version = ""
-        self.thread = threading.Thread(target=self.run, name=f"reflector-{name}", daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def _restart(self, cause: str) -> None:
-        if self.on_restart is not None:
-            self.on_restart(self.name, cause)
-
-    def _progress(self) -> None:
-        if self.on_progress is not None:
-            self.on_progress(self.name)
-
-    def run(self) -> None:
-        failures = 0
-        while not self.stop.is_set():
-            self._progress()
-            try:
-                if not self.resource_version:
-                    items, self.resource_version = self.kube.list(
-                        self.path, label_selector=self.label_selector
-                    )
-                    self.on_replace(items)
-                    self.synced = True
-                    self._progress()
-                for kind, obj in self.kube.watch(
-                    self.path,
-                    resource_version=self.resource_version,
-                    label_selector=self.label_selector,
-                    timeout_seconds=self.timeout_seconds,
-                ):
-                    failures = 0
-                    self.synced = True
-                    rv = (obj.get("metadata") or {}).get("resourceVersion")
-                    if kind != "BOOKMARK":
-                        self.on_event(kind, obj)
-                    if rv:
-                        self.resource_version = rv
-                    self._progress()
-                    if self.stop.is_set():
-                        return
-                self._restart("timeout")  # the server ended the stream: resume from the last version
-                continue
-            except Gone:
-                log.info("%s: resourceVersion %s expired; relisting", self.name, self.resource_version)
-                self.resource_version = ""
-                self._restart("expired")
-                continue
-            except KubeError as e:
-                failures += 1
-                cause = f"{e}"
-                self._restart("error")
-            except Exception as e:
-                # A malformed object or a handler's bug: the event may be half applied, so start over from a
-                # fresh list (the cache diffs it against what it holds), after the backoff.
-                failures += 1
-                cause = f"{type(e).__name__}: {e}"
-                log.exception("%s: crashed; restarting from a fresh list", self.name)
-                self.resource_version = ""
-                if self.on_crash is not None:
-                    self.on_crash(self.name)
-            self.synced = False
-            delay = self.rand() * min(self.backoff_cap, self.backoff_base * 2**failures)
-            log.warning("%s: %s; retrying in %.2fs", self.name, cause, delay)
-            if self.stop.wait(delay):
-                return

@@ -153,10 +153,11 @@ def assemble(
 ) -> Allocator:
     """The allocator's parts and who feeds whom (the threading model is in allocator/loop.py):
     reflectors -> cache -> (work queue, expectations, release-to-bind times, gone pods) -> loop -> actor."""
+    from sparkgate.kube import Reflector
     from sparkgate.leader import LeaderElector, LeaderTask
 
     from .actor import Actor
-    from .cache import Cache, Reflector
+    from .cache import Cache
     from .deletions import HISTORY_LABEL, HistoryStore
     from .expectations import BindTimes, Expectations
     from .extender import Extender
@@ -169,15 +170,6 @@ def assemble(
     queue = WorkQueue(Backoff(options.backoff_base, options.backoff_cap))
     expectations = Expectations()
     bind_times = BindTimes(lambda ns, seconds: metrics.release_to_bind.labels(ns).observe(seconds))
-    health = Health(options.stall_after)
-    histories = HistoryStore(
-        kube,
-        options.install_namespace,
-        retention=options.history_retention,
-        backoff=Backoff(options.history_flush, options.backoff_cap),
-        on_corrupt=metrics.history_corrupt.inc,
-        on_write_failure=metrics.history_write_failures.inc,
-    )
     elector = LeaderElector(
         kube,
         options.install_namespace,
@@ -186,6 +178,17 @@ def assemble(
         lease_duration=options.lease_duration,
         renew_deadline=options.renew_deadline,
         retry_period=options.retry_period,
+        on_error=metrics.leader_errors.inc,
+    )
+    # The leader thread turns every retry period and a turn ends within the renew deadline.
+    health = Health(options.stall_after, bounds={"leader": options.lease_duration + options.renew_deadline})
+    histories = HistoryStore(
+        kube,
+        options.install_namespace,
+        retention=options.history_retention,
+        backoff=Backoff(options.history_flush, options.backoff_cap),
+        on_corrupt=metrics.history_corrupt.inc,
+        on_write_failure=metrics.history_write_failures.inc,
     )
     # The controller's callbacks are bound after it exists; the cache and actor reach it through these.
     parts: dict[str, Controller] = {}
@@ -200,6 +203,7 @@ def assemble(
     actor = Actor(
         kube,
         options.install_namespace,
+        leading=lambda: elector.leading,
         identity=options.identity,
         on_release=lambda action, at: parts["controller"].on_release(action, at),
         on_delete=lambda action: parts["controller"].on_delete(action),
@@ -349,16 +353,20 @@ def run_allocator(args: argparse.Namespace) -> int:
         backoff_base=args.backoff_base,
         backoff_cap=args.backoff_cap,
     )
-    allocator = assemble(
-        kube,
-        policy,
-        options,
-        metrics,
-        certs=target_from(args, args.namespace) if args.certs else None,
-        certs_interval=args.certs_interval,
-        probe_interval=args.probe_interval,
-        probe_max_dry_runs=args.probe_max_dry_runs,
-    )
+    try:
+        allocator = assemble(
+            kube,
+            policy,
+            options,
+            metrics,
+            certs=target_from(args, args.namespace) if args.certs else None,
+            certs_interval=args.certs_interval,
+            probe_interval=args.probe_interval,
+            probe_max_dry_runs=args.probe_max_dry_runs,
+        )
+    except ValueError as e:  # durations the elector refuses (sparkgate/leader.py)
+        print(f"sparkgate allocator: {e}", file=sys.stderr)
+        return 2
     controller = allocator.controller
     host, _, port = args.http.rpartition(":")
     server = StatusServer(controller, allocator.extender, host or "0.0.0.0", int(port), probe=allocator.probe)

@@ -38,11 +38,12 @@ from typing import Any
 
 from sparkgate import contract
 from sparkgate.contract import AppKey
+from sparkgate.kube import Reflector
 from sparkgate.leader import LeaderElector
 from sparkgate.policy_file import PolicySource
 
 from .actor import Actor, AppResult
-from .cache import Cache, Reflector
+from .cache import Cache
 from .decision import AppSettings, InFlightCounts, decide
 from .deletions import HistoryStore, classify
 from .expectations import BindTimes, Expectations
@@ -144,19 +145,22 @@ class Controller:
     # --- lifecycle -------------------------------------------------------------------------------------
 
     def lead(self) -> None:
-        """The leader thread: renew the Lease every retry period; on losing it, stop the loop."""
-        while not self.stop_event.is_set():
-            was = self.elector.leading
-            now = self.elector.try_acquire_or_renew()
-            self.metrics.leader.set(1 if now else 0)
-            if now and not was:
-                self.metrics.leader_transitions.inc()
-                self.queue.add(self.cache.snapshot().apps)
-            if was and not now:
-                self.lost_lease.set()
-                self.queue.close()
-                return
-            self.stop_event.wait(self.options.retry_period)
+        """The leader thread (sparkgate/leader.py `campaign`): a turn of the Lease every retry period, each
+        a beat for /healthz; on losing the lease, stop the loop."""
+
+        def turned(leading: bool) -> None:
+            self.health.beat("leader")
+            self.metrics.leader.set(1 if leading else 0)
+
+        def started() -> None:
+            self.metrics.leader_transitions.inc()
+            self.queue.add(self.cache.snapshot().apps)
+
+        def lost() -> None:
+            self.lost_lease.set()
+            self.queue.close()
+
+        self.elector.campaign(self.stop_event, on_turn=turned, on_started=started, on_lost=lost)
 
     def shutdown(self) -> None:
         self.stop_event.set()

@@ -114,6 +114,11 @@ class AllocatorMetrics:
         self.leader_transitions = Counter(
             "sparkgate_allocator_leader_transitions", "Times this allocator became the leader.", registry=r
         )
+        self.leader_errors = Counter(
+            "sparkgate_allocator_leader_errors",
+            "Unexpected exceptions of the leader thread (logged; it goes on at its next turn).",
+            registry=r,
+        )
         self.decision_seconds = Histogram(
             "sparkgate_allocator_decision_duration_seconds",
             "Time spent deciding (pure, no I/O) per decision.",

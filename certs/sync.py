@@ -273,7 +273,8 @@ def certs_task(
     on_run: Callable[[str, str], None] = lambda name, result: None,
 ) -> LeaderTask:
     """Certificate rotation as a periodic task under its own Lease (`sparkgate-certs`): a cycle every
-    `interval` seconds in the replica that holds it."""
+    `interval` seconds in the replica that holds it. A cycle's writes check the Lease first, each one
+    (`Kube.gated`): a cycle that outlives the Lease (a hung API server) writes nothing more."""
     elector = LeaderElector(
         kube,
         target.namespace,
@@ -284,10 +285,11 @@ def certs_task(
         retry_period=retry_period,
     )
     reported: set[str] = set()  # touched by the task's thread only
+    leader_kube = kube.gated(lambda: elector.leading)
     return LeaderTask(
         "certs",
         interval,
-        lambda: _cycle_for_task(kube, target, clock, metrics, reported),
+        lambda: _cycle_for_task(leader_kube, target, clock, metrics, reported),
         elector=elector,
         own_lease=True,
         stop=stop,

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from .errors import ApiError, UserInfo, bad_request
-from .faults import Faults, LoggedRequest, RequestLog
+from .faults import WRITES, Faults, LoggedRequest, RequestLog
 from .resources import RESOURCES, SUBRESOURCES, groups
 from .store import Store
 
@@ -104,6 +104,7 @@ class ApiServer:
 
     def stop(self) -> None:
         self._stopping.set()
+        self.faults.resume()
         with self.store.changed:
             self.store.changed.notify_all()
         self._http.shutdown()
@@ -121,7 +122,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     _raw_body = b""
     _logged = False
-    _record: Callable[[int], None]
+    _record: Callable[[int, int], None]
 
     def log_message(self, format: str, *args: Any) -> None:
         return
@@ -145,7 +146,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, code: int, document: Any, headers: Mapping[str, str] | None = None) -> None:
         body = json.dumps(document, separators=(",", ":")).encode()
-        self._record(code)
+        rv = ((document.get("metadata") or {}) if isinstance(document, dict) else {}).get("resourceVersion")
+        self._record(code, int(rv) if isinstance(rv, str) and rv.isdecimal() else 0)
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -184,7 +186,7 @@ class _Handler(BaseHTTPRequestHandler):
         verb = _verb(method, route, query)
         self._logged = False
 
-        def record(code: int) -> None:
+        def record(code: int, resource_version: int = 0) -> None:
             # Logged before the response goes out, so a client that got its answer finds its entry.
             if not self._logged:
                 self._logged = True
@@ -200,6 +202,8 @@ class _Handler(BaseHTTPRequestHandler):
                         url.path,
                         url.query,
                         route.subresource if route else "",
+                        user.pod if user else "",
+                        resource_version if verb in WRITES and 200 <= code < 300 else 0,
                     )
                 )
 
@@ -209,6 +213,10 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             if route is None:
                 self._discovery(url.path)
+                return
+            if self.api.faults.hold(verb, route.audited, route.namespace):  # a hang: no answer at all
+                self._record(0, 0)
+                self.close_connection = True
                 return
             seconds, injected = self.api.faults.consult(verb, route.audited, route.namespace)
             if seconds:
@@ -422,7 +430,7 @@ class _Handler(BaseHTTPRequestHandler):
         # client's stream is open always finds it.
         unregister = api.faults.register_watch(route.resource, stream.close)
         try:
-            self._record(200)
+            self._record(200, 0)
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Transfer-Encoding", "chunked")

@@ -70,7 +70,7 @@ class Cluster:
         self.url = self.apiserver.url
         self.scheduler = Scheduler(self.store, bind_latency=bind_latency, max_bind_rate=max_bind_rate)
         self.kubelet = Kubelets(self.store, start_delay=start_delay, terminate_delay=terminate_delay)
-        self._kubeconfigs: dict[str, Path] = {}
+        self._kubeconfigs: dict[tuple[str, str], Path] = {}
         self._drivers: list[SparkDriver] = []
         self._changed = threading.Condition()
         self._version = 0
@@ -155,17 +155,19 @@ class Cluster:
             }
         self.store.create("runtimeclasses", body)
 
-    def add_user(self, username: str, groups: Sequence[str] = ()) -> Path:
-        """A user with a bearer token; returns a kubeconfig file that authenticates as it."""
-        if username in self._kubeconfigs:
-            return self._kubeconfigs[username]
+    def add_user(self, username: str, groups: Sequence[str] = (), *, pod: str = "") -> Path:
+        """A user with a bearer token; returns a kubeconfig file that authenticates as it. `pod`: a service
+        account token bound to that pod (each replica of a service account has its own)."""
+        if (username, pod) in self._kubeconfigs:
+            return self._kubeconfigs[(username, pod)]
         token = secrets.token_hex(16)
         self.apiserver.add_user(
-            token, UserInfo(username, secrets.token_hex(4), (*groups, "system:authenticated"))
+            token, UserInfo(username, secrets.token_hex(4), (*groups, "system:authenticated"), pod)
         )
-        safe = "".join(c if c.isalnum() else "-" for c in username)
+        name = f"{username}-{pod}" if pod else username
+        safe = "".join(c if c.isalnum() else "-" for c in name)
         path = write_kubeconfig(self.workdir / f"kubeconfig-{safe}", self.url, token)
-        self._kubeconfigs[username] = path
+        self._kubeconfigs[(username, pod)] = path
         return path
 
     def kubeconfig(self, user: str = "admin") -> Path:

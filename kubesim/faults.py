@@ -1,10 +1,15 @@
-"""What tests inject into kubesim's API server (errors, latency, dropped watches) and what they read back
-(the log of every request)."""
+"""What tests inject into kubesim's API server (errors, latency, dropped watches, a hang) and what they read
+back (the log of every request: who made it and, for a write, where it stands in the store's commit order).
+
+Thread-safe: one leaf lock each for the rules and the log; the API server's request threads consult and
+append, the test's thread injects and reads.
+"""
 
 from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -45,8 +50,11 @@ class Faults:
         self._lock = threading.Lock()
         self._errors: list[_Rule] = []
         self._delays: list[_Rule] = []
-        self._watches: dict[int, tuple[str, Callable[[], None]]] = {}
+        self._watches: dict[int, tuple[str, Callable[[], None], float]] = {}  # (resource, close, opened)
         self._watch_ids = itertools.count()
+        self._hangs: list[_Rule] = []
+        self._resumed = threading.Event()
+        self._holding = 0
 
     def fail(
         self,
@@ -67,11 +75,47 @@ class Faults:
         with self._lock:
             self._delays.append(_Rule(verb, resource, None, seconds=seconds, remaining=count))
 
+    def hang(self, verb: str = "*", resource: str = "*") -> None:
+        """From now until `resume()`, matching requests get no answer: they hang (the connection stays
+        open, nothing is refused), then each is dropped unanswered, its connection closed and nothing
+        applied, like an API server that stopped answering (wedged, or partitioned from its clients).
+        Requests already being served, and open watch streams, are not affected. Whether a real
+        kube-apiserver that hangs on etcd applies a write its client has given up on cannot be told from
+        the client: kubesim never does."""
+        with self._lock:
+            if not self._hangs:
+                self._resumed = threading.Event()
+            self._hangs.append(_Rule(verb, resource, None))
+
+    def resume(self) -> None:
+        """Ends every hang: the hung requests are dropped unanswered; new requests are served again."""
+        with self._lock:
+            self._hangs.clear()
+            self._resumed.set()
+
+    def hold(self, verb: str, resource: str, namespace: str | None) -> bool:
+        """Called by the API server for each request: when a hang matches, waits until `resume()` and
+        returns True (the request must then be dropped unanswered); else returns False at once."""
+        with self._lock:
+            if not any(rule.applies(verb, resource, namespace) for rule in self._hangs):
+                return False
+            resumed = self._resumed
+            self._holding += 1
+        resumed.wait()
+        with self._lock:
+            self._holding -= 1
+        return True
+
+    def holding(self) -> int:
+        """How many requests a hang holds now."""
+        with self._lock:
+            return self._holding
+
     def register_watch(self, resource: str, close: Callable[[], None]) -> Callable[[], None]:
         """The HTTP layer's open watch streams, so that `drop_watches` can end them; returns unregister."""
         with self._lock:
             key = next(self._watch_ids)
-            self._watches[key] = (resource, close)
+            self._watches[key] = (resource, close, time.monotonic())
 
         def unregister() -> None:
             with self._lock:
@@ -79,10 +123,17 @@ class Faults:
 
         return unregister
 
-    def drop_watches(self, resource: str = "*") -> int:
-        """Ends the open watch streams of `resource` ("*": all) now; returns how many."""
+    def drop_watches(self, resource: str = "*", *, min_age: float = 0.0) -> int:
+        """Ends the open watch streams of `resource` ("*": all) now, those open for `min_age` seconds or
+        more (a client backs off after a watch cut within a second of opening: sparkgate/kube.py
+        `Reflector`); returns how many."""
+        oldest = time.monotonic() - min_age
         with self._lock:
-            dropped = [(key, close) for key, (r, close) in self._watches.items() if _matches(resource, r)]
+            dropped = [
+                (key, close)
+                for key, (r, close, opened) in self._watches.items()
+                if _matches(resource, r) and opened <= oldest
+            ]
             for key, _ in dropped:
                 del self._watches[key]
         for _, close in dropped:
@@ -97,6 +148,8 @@ class Faults:
                 r for r in self._errors if keep_namespace is not None and r.namespace == keep_namespace
             ]
             self._delays.clear()
+            self._hangs.clear()
+            self._resumed.set()
 
     def consult(self, verb: str, resource: str, namespace: str | None) -> tuple[float, Injected | None]:
         """(seconds to delay, an error to answer with) for one request; consumes counted rules."""
@@ -115,8 +168,17 @@ class Faults:
             return seconds, None
 
 
+WRITES = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+
+
 @dataclass(frozen=True)
 class LoggedRequest:
+    """One request as the API server answered it. `time`: when the answer was ready (after a write was
+    committed); `code` 0: no answer was sent (a hang). `pod`: the pod the caller's service account token
+    is bound to (`authentication.kubernetes.io/pod-name`), "" for other users. `resource_version`: for a
+    write that went through, the resourceVersion the store committed it at (the object's, in the answer),
+    so writes are ordered exactly as applied, whatever the threads' timing; 0 otherwise."""
+
     time: float
     user: str
     verb: str
@@ -127,6 +189,18 @@ class LoggedRequest:
     path: str
     query: str = field(default="")
     subresource: str = field(default="")
+    pod: str = field(default="")
+    resource_version: int = field(default=0)
+
+    @property
+    def identity(self) -> str:
+        """Who wrote: the pod for a bound service account token, else the user."""
+        return self.pod or self.user
+
+    @property
+    def applied_write(self) -> bool:
+        """A write that went through and was not a dry run."""
+        return self.verb in WRITES and 200 <= self.code < 300 and "dryRun=" not in self.query
 
 
 class RequestLog:

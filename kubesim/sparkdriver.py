@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from sparkgate.kube import Kube, KubeError
+from sparkgate.kube import Kube, KubeError, Reflector
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -85,8 +85,21 @@ class SparkDriver:
             driver = self.kube.create(f"/api/v1/namespaces/{self.namespace}/pods", self._driver_pod())
             self.driver_uid = driver["metadata"]["uid"]
         self.kube.create(f"/api/v1/namespaces/{self.namespace}/configmaps", self._conf_map())
-        for target in (self._watch_loop, self._allocation_loop):
-            thread = threading.Thread(target=target, name=f"spark-driver-{self.app_name}", daemon=True)
+        # The snapshot: a watch on this app's executor pods, on sparkgate's one reflector.
+        reflector = Reflector(
+            self.kube,
+            f"spark-driver-{self.app_name}",
+            f"/api/v1/namespaces/{self.namespace}/pods",
+            f"spark-app-selector={self.app_id},spark-role=executor",
+            self._event,
+            self._replace,
+            stop=self._stop,
+            timeout_seconds=2,
+        )
+        allocation = threading.Thread(
+            target=self._allocation_loop, name=f"spark-driver-{self.app_name}", daemon=True
+        )
+        for thread in (reflector.thread, allocation):
             thread.start()
             self._threads.append(thread)
         return self
@@ -119,46 +132,26 @@ class SparkDriver:
         with self._lock:
             return dict(self._pods)
 
-    # --- the snapshot: a watch on this app's executor pods ----------------------------------------------
+    # --- the snapshot: a watch on this app's executor pods (the Reflector calls these) ------------------
 
-    def _watch_loop(self) -> None:
-        selector = f"spark-app-selector={self.app_id},spark-role=executor"
-        path = f"/api/v1/namespaces/{self.namespace}/pods"
-        rv = ""
-        while not self._stop.is_set():
-            try:
-                if not rv:
-                    items, rv = self.kube.list(path, label_selector=selector)
-                    with self._lock:
-                        self._pods = {_exec_id(p): p for p in items if _exec_id(p) is not None}  # type: ignore[misc]
-                        # Spark drops from its newly created executors those the snapshot knows
-                        # (ExecutorPodsAllocator: newlyCreatedExecutors --= k8sKnownExecIds).
-                        self._newly -= set(self._pods)
-                for kind, obj in self.kube.watch(
-                    path, resource_version=rv, label_selector=selector, timeout_seconds=2
-                ):
-                    rv = obj["metadata"].get("resourceVersion", rv)
-                    if kind == "BOOKMARK":
-                        if self._stop.is_set():
-                            break
-                        continue
-                    exec_id = _exec_id(obj)
-                    if exec_id is None:
-                        continue
-                    with self._lock:
-                        if kind == "DELETED":
-                            self._pods.pop(exec_id, None)
-                        else:
-                            self._pods[exec_id] = obj
-                        self._newly.discard(exec_id)
-                    self._wake.set()
-                    if self._stop.is_set():
-                        break
-            except KubeError as e:
-                if e.status == 410:
-                    rv = ""
-                elif self._stop.wait(0.2):
-                    return
+    def _replace(self, items: list[Obj]) -> None:
+        with self._lock:
+            self._pods = {_exec_id(p): p for p in items if _exec_id(p) is not None}  # type: ignore[misc]
+            # Spark drops from its newly created executors those the snapshot knows
+            # (ExecutorPodsAllocator: newlyCreatedExecutors --= k8sKnownExecIds).
+            self._newly -= set(self._pods)
+
+    def _event(self, kind: str, obj: Obj) -> None:
+        exec_id = _exec_id(obj)
+        if exec_id is None:
+            return
+        with self._lock:
+            if kind == "DELETED":
+                self._pods.pop(exec_id, None)
+            else:
+                self._pods[exec_id] = obj
+            self._newly.discard(exec_id)
+        self._wake.set()
 
     # --- the allocation cycle -------------------------------------------------------------------------
 

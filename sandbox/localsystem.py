@@ -103,7 +103,7 @@ def lease_holder(cluster: Cluster, lease: str = contract.ALLOCATOR_LEASE) -> str
 
 class AllocatorProcess:
     """`sparkgate allocator` in its own process group (kill takes all of it), as the allocator's service
-    account, serving /metrics and /apps on a loopback port, without certificate rotation."""
+    account (a token bound to a pod named `identity`), serving /metrics and /apps on a loopback port, without certificate rotation."""
 
     def __init__(
         self,
@@ -123,7 +123,9 @@ class AllocatorProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = workdir / f"allocator-{identity}.log"
-        kubeconfig = cluster.add_user(contract.ALLOCATOR_USER, ["system:serviceaccounts"])
+        # The service account's token bound to this replica's pod, as in a cluster: the API server's request
+        # log tells the replicas apart (kubesim/faults.py `LoggedRequest.pod`).
+        kubeconfig = cluster.add_user(contract.ALLOCATOR_USER, ["system:serviceaccounts"], pod=identity)
         args = [
             sys.executable, "-m", "sparkgate.cli", "allocator",
             "--kubeconfig", str(kubeconfig), "--policy", str(policy), "--namespace", contract.INSTALL_NAMESPACE,

@@ -1,18 +1,26 @@
-"""All of sparkgate's Kubernetes I/O: one ApiClient, raw JSON, retries, typed errors, list and watch.
+"""All of sparkgate's Kubernetes I/O: one ApiClient, raw JSON, retries, typed errors, list, watch, and the
+one `Reflector` (list, then watch, forever) every watch of sparkgate runs on.
 
 The generated models of the official client cost ~0.5 ms per pod to deserialize, and its Watch has a
 hidden retry loop that resends stale resourceVersions (docs/architecture.md, "Decisions"), so sparkgate uses the client only for what it does well: configuration,
 authentication (including the in-cluster token refresh) and its urllib3 connection pool. Requests are built
 as paths and dicts here; bodies are JSON. 429, 5xx and connection errors are retried with exponential
 backoff and jitter (honouring Retry-After); 409 and 422 are never retried: they mean "re-read and
-re-decide", so they surface as `Conflict` and `Invalid`.
+re-decide", so they surface as `Conflict` and `Invalid`. A client made for the leader's writes (`gated`)
+checks leadership before every write attempt, retries included, and refuses with `NotLeading` instead of
+sending once it has lapsed (sparkgate/leader.py).
+
+Threading: a `Kube` is shared by every thread (urllib3's pool is thread-safe; its own fields never change
+after construction). A `Reflector` runs in its own thread and owns its resourceVersion and backoff.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import random
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
@@ -54,6 +62,10 @@ class Gone(KubeError):
 
 class Unavailable(KubeError):
     """Retries exhausted on 429/5xx or connection errors."""
+
+
+class NotLeading(KubeError):
+    """A write not sent: the client is gated on leadership (`Kube.gated`) and this replica does not lead."""
 
 
 _BY_STATUS: dict[int, type[KubeError]] = {404: NotFound, 409: Conflict, 410: Gone, 422: Invalid}
@@ -125,6 +137,14 @@ class Kube:
         self.timeout = timeout
         self._sleep = sleep
         self._rand = rand
+        self._gate: Callable[[], bool] | None = None
+
+    def gated(self, leading: Callable[[], bool]) -> Kube:
+        """This client for writes only the leader may make: every write attempt (each retry too) first asks
+        `leading()` and raises NotLeading instead of sending when it is false. Reads are not gated."""
+        clone = copy.copy(self)
+        clone._gate = leading
+        return clone
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None, **kwargs: Any) -> Kube:
@@ -166,16 +186,20 @@ class Kube:
         body: Any = None,
         content_type: str | None = None,
         retry: bool = True,
+        timeout: float | None = None,
     ) -> Any:
-        """The decoded JSON answer; KubeError subclasses on failure (after retries for transient ones)."""
+        """The decoded JSON answer; KubeError subclasses on failure (after retries for transient ones).
+        `timeout`: of each attempt, in seconds (default: the client's)."""
         verb = _verb(method, query, path)
         resource = resource_of(path)
         attempt = 0
         while True:
             attempt += 1
             status, retry_after = 0, None
+            if self._gate is not None and method != "GET" and not self._gate():
+                raise NotLeading(0, "NotLeading", f"{method} {path} not sent: this replica does not lead")
             try:
-                response = self._send(method, path, query, body, content_type, None)
+                response = self._send(method, path, query, body, content_type, timeout)
                 status = response.status
                 data = response.read()
                 if 200 <= status < 300:
@@ -288,6 +312,150 @@ class Kube:
             raise Unavailable(0, "WatchBroken", str(e)) from None
         finally:
             raw.release_conn()
+
+
+class Reflector:
+    """List then watch one kind of object, forever, until `stop`: every watch of sparkgate runs on this.
+
+    As client-go's reflector does (staging/src/k8s.io/client-go/tools/cache/reflector.go, `ListAndWatch` and
+    `watchHandler`):
+    - a full list (`on_replace(items)`: the handler diffs it against what it held) only at the start and
+      after 410 Gone (the resourceVersion expired); when a stream ends or fails otherwise, a plain re-watch
+      from the last resourceVersion seen (events and BOOKMARKs advance it);
+    - a watch that ended within `short_watch` seconds without a single event (client-go's "very short
+      watch"), a failed request and a 410 count as failures: the next attempt waits a jittered exponential
+      backoff, between half and all of `min(backoff_cap, backoff_base * 2^failures)`, so a server that
+      closes every watch at once gets a bounded reconnect rate, never a hot loop. An event, or a watch that
+      was not very short, resets the count;
+    - an exception of a handler (a malformed object, a bug) is contained: counted (`on_crash`), logged with
+      its traceback, and the reflector starts again from a fresh list after its backoff (the event may be
+      half applied). The thread never ends before `stop`.
+    `synced` is true while the view is current: from a successful list or event until a failure.
+    `on_restart(name, cause)`: `timeout` (the stream ended), `short` (a very short watch), `expired` (410),
+    `error` (the request failed). Time is injected: `monotonic` measures a watch's life, `wait(seconds)`
+    waits out a backoff and returns True when stopped (default: `stop.wait`).
+    """
+
+    def __init__(
+        self,
+        kube: Kube,
+        name: str,
+        path: str,
+        label_selector: str | None,
+        on_event: Callable[[str, Obj], None],
+        on_replace: Callable[[list[Obj]], None],
+        *,
+        stop: threading.Event,
+        on_restart: Callable[[str, str], None] | None = None,
+        on_crash: Callable[[str], None] | None = None,
+        on_progress: Callable[[str], None] | None = None,
+        timeout_seconds: int = 240,
+        short_watch: float = 1.0,
+        backoff_base: float = 0.2,
+        backoff_cap: float = 10.0,
+        rand: Callable[[], float] = random.random,
+        monotonic: Callable[[], float] = time.monotonic,
+        wait: Callable[[float], bool] | None = None,
+    ) -> None:
+        self.kube = kube
+        self.name = name
+        self.path = path
+        self.label_selector = label_selector
+        self.on_event = on_event
+        self.on_replace = on_replace
+        self.stop = stop
+        self.on_restart = on_restart
+        self.on_crash = on_crash
+        self.on_progress = on_progress
+        self.synced = False
+        self.timeout_seconds = timeout_seconds
+        self.short_watch = short_watch
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self.rand = rand
+        self.monotonic = monotonic
+        self.wait = wait or stop.wait
+        self.resource_version = ""
+        self._failures = 0  # in a row
+        self.thread = threading.Thread(target=self.run, name=f"reflector-{name}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _restart(self, cause: str) -> None:
+        if self.on_restart is not None:
+            self.on_restart(self.name, cause)
+
+    def _progress(self) -> None:
+        if self.on_progress is not None:
+            self.on_progress(self.name)
+
+    def backoff(self, failures: int) -> float:
+        """The wait after `failures` failures in a row: jittered, never below half its exponential step."""
+        step = float(min(self.backoff_cap, self.backoff_base * 2**failures))
+        return step / 2 + self.rand() * step / 2
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self._progress()
+            try:
+                if not self.resource_version:
+                    items, self.resource_version = self.kube.list(
+                        self.path, label_selector=self.label_selector
+                    )
+                    self.on_replace(items)
+                    self.synced = True
+                    self._progress()
+                normal = self._watch()
+                if self.stop.is_set():
+                    return
+                if normal:
+                    self._failures = 0
+                    self._restart("timeout")  # the server ended the stream: resume from the last version
+                    continue
+                cause = f"very short watch: closed within {self.short_watch:g}s with no event"
+                self._restart("short")
+            except Gone:
+                cause = f"resourceVersion {self.resource_version} expired; relisting"
+                self.resource_version = ""
+                self._restart("expired")
+            except KubeError as e:
+                cause = f"{e}"
+                self._restart("error")
+            except Exception as e:
+                cause = f"{type(e).__name__}: {e}"
+                log.exception("%s: crashed; restarting from a fresh list", self.name)
+                self.resource_version = ""
+                if self.on_crash is not None:
+                    self.on_crash(self.name)
+            self._failures += 1
+            self.synced = False
+            delay = self.backoff(self._failures)
+            log.warning("%s: %s; retrying in %.2fs", self.name, cause, delay)
+            if self.wait(delay):
+                return
+
+    def _watch(self) -> bool:
+        """One watch stream until it ends; False when it was very short (no event, ended at once)."""
+        started, events = self.monotonic(), 0
+        for kind, obj in self.kube.watch(
+            self.path,
+            resource_version=self.resource_version,
+            label_selector=self.label_selector,
+            timeout_seconds=self.timeout_seconds,
+        ):
+            events += 1
+            self._failures = 0
+            self.synced = True
+            rv = (obj.get("metadata") or {}).get("resourceVersion")
+            if kind != "BOOKMARK":
+                self.on_event(kind, obj)
+            if rv:
+                self.resource_version = rv
+            self._progress()
+            if self.stop.is_set():
+                return True
+        return events > 0 or self.monotonic() - started >= self.short_watch
 
 
 def _event(line: bytes) -> tuple[str, Obj]:

@@ -1,18 +1,31 @@
 """Leader election on a `coordination.k8s.io/v1` Lease, so exactly one replica writes (the allocator; rotation).
 
-The rules of client-go's leaderelection, with a monotonic clock for every duration: a candidate takes the
-lease when it is free or when its holder has not renewed it for `lease_duration` as observed locally (so
-clock skew between machines does not matter); the leader renews every `retry_period`; a leader that has
-not renewed within `renew_deadline` has lost the lease and must stop writing at once; a graceful stop
-gives the lease up so a follower takes over without waiting for it to expire. Every write carries the
-lease's resourceVersion, so two candidates can never both win (the loser gets 409).
+The rules of client-go's leaderelection (staging/src/k8s.io/client-go/tools/leaderelection/leaderelection.go),
+with a monotonic clock for every duration:
+- a candidate takes the lease when it is free or when its holder has not renewed it for the lease's
+  `leaseDurationSeconds` as observed locally (client-go's `observedTime`: clock skew between machines does
+  not matter);
+- leadership is a capability that expires by itself: `leading` is true only while the last successful
+  renew (timed from before its request was sent) is younger than `renew_deadline`. client-go's `renew`
+  gives each round of renewals a `RenewDeadline` context and stops leading when it ends; here nothing has
+  to notice the failure for leadership to end, so a renew stuck in a hung API server cannot keep a replica
+  writing (client-go's `IsLeader` only compares the observed holder with its own identity). Every write of
+  the leader checks it first (sparkgate/kube.py `Kube.gated`);
+- each lease request is one attempt (no retry loop: the next turn, `retry_period` later, is the retry)
+  with a timeout of half the renew deadline, so a turn (a read, then a write) ends before the deadline;
+- the leader renews every `retry_period`; a graceful stop gives the lease up (client-go's `ReleaseOnCancel`)
+  so a follower takes over without waiting for it to expire. Every write carries the lease's
+  resourceVersion, so two candidates can never both win (the loser gets 409).
+`lease_duration > renew_deadline > retry_period` is checked (as client-go's `NewLeaderElector` checks its
+durations): a follower waits a whole lease duration from its own observation, so the old leader's last
+write is sent `lease_duration - renew_deadline` or more before a new leader's first.
 
 The one elector of sparkgate: the allocator's Lease and certificate rotation's both use it. `LeaderTask`
 runs a periodic piece of work only while a Lease is held: its own Lease, renewed by the task's thread (the
 certificate loop), or the allocator's, renewed by the allocator's leader thread (work for the leader).
 
-Threading: an elector is driven by one thread (the one that calls `try_acquire_or_renew`); `leading` is a
-plain bool other threads may read.
+Threading: an elector is driven by one thread (the one that calls `turn`/`try_acquire_or_renew`), which
+owns every field; `leading` may be read from any thread (it reads one float and the clock).
 """
 
 from __future__ import annotations
@@ -46,7 +59,13 @@ class LeaderElector:
         retry_period: float = 2.0,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        on_error: Callable[[], None] = lambda: None,
     ) -> None:
+        if not lease_duration > renew_deadline > retry_period > 0:
+            raise ValueError(
+                f"lease {name}: need lease duration > renew deadline > retry period > 0, got "
+                f"{lease_duration:g} s, {renew_deadline:g} s, {retry_period:g} s"
+            )
         self.kube = kube
         self.path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
         self.name = name
@@ -54,13 +73,23 @@ class LeaderElector:
         self.lease_duration = lease_duration
         self.renew_deadline = renew_deadline
         self.retry_period = retry_period
+        # Each lease request: one attempt, a timeout of half the renew deadline (a turn is a read and a write).
+        self._once: dict[str, Any] = {"retry": False, "timeout": renew_deadline / 2}
         self.monotonic = monotonic
         self.wall = wall
-        self.leading = False
-        self.transitions = 0
+        self.on_error = on_error
+        self.transitions = 0  # times this candidate became the leader
+        self.losses = 0  # times its leadership ended (lost, lapsed or given up)
+        self.errors = 0  # unexpected exceptions of a turn (logged, `on_error`; the next turn retries)
         self._observed: tuple[str, str, str] | None = None  # (holder, renewTime, resourceVersion)
         self._observed_at = 0.0
-        self._renewed_at = 0.0
+        self._renewed_at: float | None = None  # monotonic time before the last successful renew was sent
+
+    @property
+    def leading(self) -> bool:
+        """True while the last successful renew is younger than the renew deadline: false by itself after."""
+        renewed = self._renewed_at
+        return renewed is not None and self.monotonic() - renewed < self.renew_deadline
 
     def _spec(self, previous: dict[str, Any] | None) -> dict[str, Any]:
         now = _micro_time(self.wall())
@@ -81,28 +110,28 @@ class LeaderElector:
         }
 
     def try_acquire_or_renew(self) -> bool:
-        """One attempt; True when this candidate holds the lease afterwards."""
+        """One attempt (a read, then a create or a write); True when this candidate leads afterwards."""
         now = self.monotonic()
+        if self._renewed_at is not None:
+            self._still_leading()
         try:
-            lease = self.kube.get(f"{self.path}/{self.name}")
+            lease = self.kube.request("GET", f"{self.path}/{self.name}", **self._once)
         except NotFound:
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name},
+                "spec": self._spec(None),
+            }
             try:
-                self.kube.create(
-                    self.path,
-                    {
-                        "apiVersion": "coordination.k8s.io/v1",
-                        "kind": "Lease",
-                        "metadata": {"name": self.name},
-                        "spec": self._spec(None),
-                    },
-                )
-            except (Conflict, KubeError) as e:
+                self.kube.request("POST", self.path, body=body, **self._once)
+            except KubeError as e:
                 log.info("lease %s not created: %s", self.name, e)
-                return self._lost()
+                return self._lost(f"the lease was not created: {e}")
             return self._won(now)
         except KubeError as e:
             log.warning("lease %s not read: %s", self.name, e)
-            return self._still_leading(now)
+            return self._still_leading()
         spec = lease.get("spec") or {}
         meta = lease["metadata"]
         observed = (
@@ -115,7 +144,7 @@ class LeaderElector:
         holder = observed[0]
         duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
         if holder and holder != self.identity and now - self._observed_at < duration:
-            return self._lost()
+            return self._lost(f"{holder} holds it")
         body = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
@@ -123,40 +152,84 @@ class LeaderElector:
             "spec": self._spec(spec),
         }
         try:
-            self.kube.replace(f"{self.path}/{self.name}", body)
+            self.kube.request("PUT", f"{self.path}/{self.name}", body=body, **self._once)
         except Conflict:
-            return self._lost()
+            return self._lost("another candidate wrote it first (409)")
         except KubeError as e:
             log.warning("lease %s not renewed: %s", self.name, e)
-            return self._still_leading(now)
+            return self._still_leading()
         return self._won(now)
 
+    def turn(self) -> bool:
+        """`try_acquire_or_renew` that never raises: an unexpected exception (a malformed Lease, a bug) is
+        logged and counted (`errors`), and the next turn retries; leadership lapses by itself meanwhile."""
+        try:
+            return self.try_acquire_or_renew()
+        except Exception:
+            self._error()
+            log.exception("lease %s: the turn failed (retried in %gs)", self.name, self.retry_period)
+            return self.leading
+
+    def campaign(
+        self,
+        stop: threading.Event,
+        *,
+        on_turn: Callable[[bool], None],
+        on_started: Callable[[], None],
+        on_lost: Callable[[], None],
+    ) -> None:
+        """A leader thread: a turn every retry period until `stop`, or until leadership ends: then
+        `on_lost()` (the caller stops its writers) and return. `on_turn(leading)` after every turn (health,
+        metrics), `on_started()` when this candidate becomes the leader. The thread survives its own
+        exceptions: logged, counted in `errors`, and the next turn comes a retry period later."""
+        while not stop.is_set():
+            try:
+                transitions, losses = self.transitions, self.losses
+                leading = self.turn()
+                on_turn(leading)
+                if self.losses > losses and not stop.is_set():
+                    on_lost()
+                    return
+                if self.transitions > transitions:
+                    on_started()
+            except Exception:
+                self._error()
+                log.exception(
+                    "lease %s: the leader thread failed (retried in %gs)", self.name, self.retry_period
+                )
+            stop.wait(self.retry_period)
+
+    def _error(self) -> None:
+        self.errors += 1
+        self.on_error()
+
     def _won(self, now: float) -> bool:
-        if not self.leading:
+        if self._renewed_at is None:
             log.info("%s became the leader (lease %s)", self.identity, self.name)
             self.transitions += 1
-        self.leading, self._renewed_at = True, now
+        self._renewed_at = now
         return True
 
-    def _lost(self) -> bool:
-        if self.leading:
-            log.warning("%s lost the lease %s", self.identity, self.name)
-        self.leading = False
+    def _lost(self, why: str) -> bool:
+        if self._renewed_at is not None:
+            log.warning("%s stopped leading (lease %s): %s", self.identity, self.name, why)
+            self.losses += 1
+            self._renewed_at = None
         return False
 
-    def _still_leading(self, now: float) -> bool:
-        """An API error: a leader keeps leading until its renew deadline passes, then must stop."""
-        if self.leading and now - self._renewed_at < self.renew_deadline:
+    def _still_leading(self) -> bool:
+        """After a failed request: still leading until the renew deadline has passed, lost from then on."""
+        if self.leading:
             return True
-        return self._lost()
+        return self._lost(f"not renewed within the renew deadline ({self.renew_deadline:g} s)")
 
     def release(self) -> None:
         """Give the lease up (graceful stop) so a follower need not wait for it to expire."""
         if not self.leading:
             return
-        self.leading = False
+        self._renewed_at = None  # no write of ours from here on; not a loss
         try:
-            lease = self.kube.get(f"{self.path}/{self.name}")
+            lease = self.kube.request("GET", f"{self.path}/{self.name}", **self._once)
             if (lease.get("spec") or {}).get("holderIdentity") != self.identity:
                 return
             spec = {
@@ -165,7 +238,7 @@ class LeaderElector:
                 "leaseDurationSeconds": 1,
                 "renewTime": _micro_time(self.wall()),
             }
-            self.kube.replace(f"{self.path}/{self.name}", {**lease, "spec": spec})
+            self.kube.request("PUT", f"{self.path}/{self.name}", body={**lease, "spec": spec}, **self._once)
         except KubeError as e:
             log.warning("lease %s not released: %s", self.name, e)
 
@@ -175,6 +248,8 @@ class LeaderTask:
 
     With `own_lease` the task's thread also renews the Lease every `retry_period` (and gives it up when
     stopped); without it, the Lease is someone else's (the allocator's) and the task only reads `leading`.
+    A run may outlive the Lease (a hung API server): its writes go through a client gated on
+    `elector.leading` (sparkgate/kube.py `Kube.gated`), which refuses them once leadership has lapsed.
     An exception in `work` is logged and reported (`on_run(name, "error")`), and the task runs again at its
     next interval: a bug never ends it. `on_run(name, "ok")` after each run that went through. `follow`, if
     given, runs every interval in the replicas that do not hold the Lease (read-only work, e.g. reporting).
@@ -211,7 +286,7 @@ class LeaderTask:
         next_run = self.monotonic()
         try:
             while not self.stop.is_set():
-                leading = self.elector.try_acquire_or_renew() if self.own_lease else self.elector.leading
+                leading = self.elector.turn() if self.own_lease else self.elector.leading
                 if self.monotonic() >= next_run and (leading or self.follow is not None):
                     try:
                         (self.work if leading else self.follow or self.work)()

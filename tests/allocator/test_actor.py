@@ -1,5 +1,5 @@
 """The actor against kubesim over HTTP: each app's actions in order, apps side by side, a stale write
-stopping only its own app's releases."""
+stopping only its own app's releases, and nothing sent once leadership has lapsed."""
 
 from __future__ import annotations
 
@@ -30,10 +30,27 @@ def cluster() -> Iterator[Cluster]:
         yield c
 
 
+class Leadership:
+    """What the actor asks before every write: leading for the first `writes` questions, then not."""
+
+    def __init__(self, writes: int = 1_000_000) -> None:
+        self.writes = writes
+        self.asked = 0
+
+    def __call__(self) -> bool:
+        self.asked += 1
+        return self.asked <= self.writes
+
+
 @pytest.fixture
-def actor(cluster: Cluster) -> Iterator[Actor]:
+def leadership() -> Leadership:
+    return Leadership()
+
+
+@pytest.fixture
+def actor(cluster: Cluster, leadership: Leadership) -> Iterator[Actor]:
     kube = Kube.from_kubeconfig(str(cluster.add_user(ALLOCATOR)))
-    actor = Actor(kube, "sparkgate-system", parallel_apps=4)
+    actor = Actor(kube, "sparkgate-system", leading=leadership, parallel_apps=4)
     yield actor
     actor.close()
     kube.close()
@@ -151,3 +168,30 @@ def test_an_app_with_500_bypassed_pods_is_one_event_on_its_driver_counting_them(
     assert event["message"].startswith("501 executor pod(s) of app spark/big were admitted without sparkgate")
     writes = [e.verb for e in cluster.requests.entries()[since:] if e.resource == "events"]
     assert writes == ["create", "patch"], "the second decision had nothing new to say"
+
+
+def test_leadership_is_checked_before_every_write_and_a_lapse_drops_the_rest(
+    cluster: Cluster, actor: Actor, leadership: Leadership
+) -> None:
+    """Leadership lapses after the second write of an app: its third release and Event are not sent, and
+    neither is anything queued after (the next leader decides them again); nothing counts as failed."""
+    a1, a2, a3 = (gated_pod(cluster, "app-a", i) for i in (1, 2, 3))
+    waiting = Event(a1.app, a3.name, a3.uid, "Normal", "Waiting", "waiting", "a/waiting")
+    leadership.writes = 2
+    before = cluster.requests.count(user=ALLOCATOR)
+    (result,) = (
+        f.result() for f in actor.submit([Release(a1.app, p) for p in (a1, a2, a3)] + [waiting]).values()
+    )
+    assert (result.ok, result.dropped, result.released, result.outcome) == (
+        True,
+        True,
+        [a1.uid, a2.uid],
+        True,
+    )
+    assert leadership.asked == 3  # two writes, then the question that stopped the third
+    assert gates(cluster, a3.name) == ["other.io/gate", contract.GATE]
+    b1 = gated_pod(cluster, "app-b", 1)
+    (later,) = (f.result() for f in actor.submit([Release(b1.app, b1)]).values())
+    assert (later.dropped, later.released, later.outcome) == (True, [], None)
+    assert cluster.requests.count(user=ALLOCATOR) - before == 2, "only the two writes made while leading"
+    assert cluster.store.list("events", "spark")[0] == []

@@ -2,7 +2,8 @@
 allocator` assembles it (allocator/commands.py `assemble`), against kubesim over HTTP:
 
 - a reflector whose handler raises is restarted from a fresh list and counted, and the cache goes on;
-- `/healthz` fails, naming the watch, while a reflector is wedged, and is healthy again once it moves;
+- `/healthz` fails, naming the watch, while a reflector is wedged, and is healthy again once it moves; the
+  same for the leader thread;
   `/readyz` fails while a watch cannot be re-established, and recovers;
 - a corrupt deletion history is logged, counted, set aside and replaced: the allocator starts and acts;
 - an exception in one app's decision does not stop the others (decision.py).
@@ -157,6 +158,38 @@ def test_a_reflector_that_raises_is_restarted_counted_and_the_cache_goes_on(star
     running.cluster.wait_for(lambda: running.get("/readyz")[0] == 200, timeout=30, what="ready again")
 
 
+class Wedge:
+    """Holds a part's thread inside `hold()` from the moment it enters until `release()`."""
+
+    def __init__(self) -> None:
+        self.entered, self.released = threading.Event(), threading.Event()
+
+    def hold(self) -> None:
+        self.entered.set()
+        self.released.wait(120)
+
+    def release(self) -> None:
+        self.released.set()
+
+
+def stalled_then_healthy(running: Running, clock: FakeClock, wedge: Wedge, part: str, seconds: int) -> None:
+    """With `part` wedged, the test's clock moves `seconds` on: every other part beats again at the new
+    time, `part` cannot, so /healthz fails naming it alone; released, /healthz is healthy again."""
+    health = running.allocator.controller.health
+    try:
+        running.cluster.wait_for(wedge.entered.is_set, timeout=60, what=f"{part} wedged")
+        clock.advance(seconds)
+        running.cluster.wait_for(
+            lambda: list(health.stalled()) == [part], timeout=60, what=f"every part but {part} to beat again"
+        )
+        assert running.get("/healthz") == (503, f"{part}: no progress for {seconds}s\n")
+    finally:
+        wedge.release()
+    running.cluster.wait_for(
+        lambda: running.get("/healthz") == (200, "ok\n"), timeout=60, what="healthy again"
+    )
+
+
 def test_healthz_fails_while_a_reflector_is_wedged_and_recovers(start: Any) -> None:
     """The test's clock decides when a part counts as stalled: it stands still (nothing can stall, however
     slow the machine) until the test moves it past the bound while the executors' watch is wedged. Every
@@ -164,34 +197,38 @@ def test_healthz_fails_while_a_reflector_is_wedged_and_recovers(start: Any) -> N
     watch cannot, so it alone is named, and once it moves /healthz is healthy again."""
     clock = FakeClock()
     running = start(health_clock=clock, stall_after=60.0)
-    health = running.allocator.controller.health
     assert running.get("/healthz") == (200, "ok\n")
     reflector = next(r for r in running.allocator.controller.reflectors if r.name == "executors")
-    handler = reflector.on_event
-    wedged, unwedge = threading.Event(), threading.Event()
+    handler, wedge = reflector.on_event, Wedge()
 
     def stuck(kind: str, obj: dict[str, Any]) -> None:
         if obj["metadata"]["name"] == "wedge":
-            wedged.set()
-            unwedge.wait(120)
+            wedge.hold()
         handler(kind, obj)
 
     reflector.on_event = stuck
-    try:
-        running.cluster.store.create("pods", executor("wedge"))
-        running.cluster.wait_for(wedged.is_set, timeout=60, what="the executors' watch wedged")
-        clock.advance(61)
-        running.cluster.wait_for(
-            lambda: list(health.stalled()) == ["watch executors"],
-            timeout=60,
-            what="every part but the wedged watch to beat again",
-        )
-        assert running.get("/healthz") == (503, "watch executors: no progress for 61s\n")
-    finally:
-        unwedge.set()
-    running.cluster.wait_for(
-        lambda: running.get("/healthz") == (200, "ok\n"), timeout=60, what="healthy again"
-    )
+    running.cluster.store.create("pods", executor("wedge"))
+    stalled_then_healthy(running, clock, wedge, "watch executors", 61)
+
+
+def test_healthz_fails_while_the_leader_thread_is_wedged_and_recovers(start: Any) -> None:
+    """The leader thread beats at every turn of the Lease; one wedged for longer than a lease duration plus
+    a renew deadline (here 120 + 60 s on the test's clock: the real Lease is far from lapsing) fails
+    /healthz by name, while everything else beats on; healthy again once it turns."""
+    clock = FakeClock()
+    running = start(health_clock=clock, lease_duration=120.0, renew_deadline=60.0)
+    controller = running.allocator.controller
+    assert controller.health.bounds == {"leader": 180.0}
+    running.cluster.wait_for(lambda: controller.elector.leading, timeout=30, what="leading")
+    turn, wedge = controller.elector.turn, Wedge()
+
+    def stuck() -> bool:
+        wedge.hold()
+        return turn()
+
+    controller.elector.turn = stuck  # type: ignore[method-assign]
+    stalled_then_healthy(running, clock, wedge, "leader", 181)
+    assert controller.elector.leading
 
 
 def test_readyz_fails_while_a_watch_cannot_be_re_established(start: Any) -> None:

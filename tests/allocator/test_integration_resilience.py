@@ -1,5 +1,6 @@
 """The allocator's limits under failure: kill -9 mid-ramp, a leader hand-over, API faults (500s, 409s, a
-dropped watch, a forced 410), checked at every change the store commits, not just at the end.
+dropped watch, a forced 410), a hung API server, checked at every change the store commits, not just at
+the end.
 
 What is observable, and asserted at every moment (a store listener sees each committed change in order):
 - in flight (released, not being deleted, phase Pending — bound or not) never exceeds maxPendingPerApp per
@@ -191,3 +192,55 @@ def test_a_conflicting_gate_removal_is_re_decided_not_lost(world: World) -> None
     )
     world.cluster.wait_for(lambda: world.running(driver.app_id) == 20, timeout=30, what="all 20 running")
     assert world.observer.violations == [], world.logs()
+
+
+def test_a_hung_api_server_the_leader_stops_writing_by_itself_and_the_follower_waits_for_expiry(
+    world: World,
+) -> None:
+    """Issue 18: the API server stops answering the Lease requests (they hang, nothing is refused) while it
+    goes on serving the rest. The leader's renewals cannot succeed, so its leadership lapses at its renew
+    deadline and it stops writing by itself although its pod writes would still go through; it exits. The
+    follower takes the Lease only once it has seen it unchanged for a whole lease duration. The API
+    server's request log (writer = the pod the token is bound to; writes in commit order) must show the
+    two replicas' writes never interleave: every write of A while A held the Lease by the log's timeline,
+    none after B's first. Durations leave wide margins for a loaded machine; the asserts are on order."""
+    lease_duration, renew_deadline = 10.0, 4.0
+    lease = {"lease_duration": lease_duration, "renew_deadline": renew_deadline, "retry_period": 0.5}
+    world.cluster.scheduler.max_bind_rate = 5.0  # a steady stream of releases, long enough to outlast A
+    first = world.allocator("alloc-a", **lease)
+    world.wait_leader("alloc-a")
+    world.allocator("alloc-b", **lease)
+    drivers = start_apps(world, 50)
+    world.cluster.wait_for(
+        lambda: all(world.released(d.app_id) >= 10 for d in drivers), timeout=60, what="both apps ramping"
+    )
+    log = world.cluster.requests
+    hang_started = max(e.time for e in log.entries())
+    world.cluster.faults.hang("*", "leases")
+    try:
+        assert first.process.wait(timeout=120) == 1, "A lost the lease by itself and exited\n" + world.logs()
+    finally:
+        world.cluster.faults.resume()
+    world.wait_leader("alloc-b")
+    with world.observer.lock:  # B does not know A's last batch: one more batch may wait for the scheduler
+        world.observer.unbound_limit = 2 * BATCH
+    world.cluster.wait_for(
+        lambda: all(world.running(d.app_id) == 50 for d in drivers),
+        timeout=180,
+        what="all 100 executors running",
+    )
+    writes = sorted((e for e in log.entries() if e.applied_write), key=lambda e: e.resource_version)
+    by_a = [e for e in writes if e.identity == "alloc-a"]
+    by_b = [e for e in writes if e.identity == "alloc-b"]
+    renews_a = [e for e in by_a if e.resource == "leases"]
+    assert any(e.resource == "pods" and e.time > hang_started for e in by_a), (
+        "A went on releasing while its renewals hung: the server served its writes, A stopped on its own"
+    )
+    last_renew = renews_a[-1]
+    assert all(w.time < last_renew.time + lease_duration for w in by_a), "every A write while A held it"
+    taken = by_b[0]
+    assert taken.resource == "leases" and taken.verb == "update", "B's first write takes the Lease"
+    assert taken.time - last_renew.time >= lease_duration - 0.05, "B waited for the lease to expire"
+    assert by_a[-1].resource_version < taken.resource_version, "after B's first write A never writes"
+    assert world.observer.violations == [], world.logs()
+    assert not any(n > 1 for n in world.observer.releases.values())

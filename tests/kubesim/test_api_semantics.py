@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -31,6 +33,14 @@ def core(apiserver: Served) -> client.CoreV1Api:
 def raw(apiserver: Served, method: str, path: str, **kwargs: Any) -> requests.Response:
     headers = {"Authorization": "Bearer admin-token", **kwargs.pop("headers", {})}
     return requests.request(method, apiserver.server.url + path, headers=headers, timeout=30, **kwargs)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Re-checks `predicate` every 10 ms until it holds, failing after a generous `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s"
+        threading.Event().wait(0.01)
 
 
 def bound_pod(store: Store, name: str, **spec: Any) -> None:
@@ -374,3 +384,69 @@ def test_deleting_a_namespace_deletes_its_contents_first(core: client.CoreV1Api,
     with pytest.raises(Api) as e:
         core.delete_namespace("default")
     assert e.value.status == 403
+
+
+def test_a_hang_answers_nothing_applies_nothing_and_ends_on_resume(apiserver: Served) -> None:
+    """faults.hang: matching requests wait without an answer (not refused), are dropped unanswered when the
+    hang ends, and change nothing; other requests, and later ones, are served."""
+    faults = apiserver.server.faults
+    faults.hang("create", "configmaps")
+    outcome: list[BaseException | int] = []
+
+    def create() -> None:
+        try:
+            outcome.append(
+                raw(
+                    apiserver,
+                    "POST",
+                    "/api/v1/namespaces/spark/configmaps",
+                    json={"metadata": {"name": "hung"}},
+                ).status_code
+            )
+        except requests.RequestException as e:
+            outcome.append(e)
+
+    writer = threading.Thread(target=create, daemon=True)
+    writer.start()
+    wait_until(lambda: faults.holding() == 1)
+    assert raw(apiserver, "GET", "/api/v1/namespaces/spark/configmaps").status_code == 200  # reads go on
+    assert writer.is_alive() and outcome == [], "no answer while the hang lasts"
+    faults.resume()
+    writer.join(timeout=20)
+    assert len(outcome) == 1 and isinstance(outcome[0], requests.ConnectionError), outcome
+    assert apiserver.store.list_objects("configmaps", "spark")[0] == [], "the hung write was not applied"
+    hung = [e for e in apiserver.server.log.entries() if e.verb == "create"]
+    assert [(e.code, e.applied_write, e.resource_version) for e in hung] == [(0, False, 0)]
+    created = raw(
+        apiserver, "POST", "/api/v1/namespaces/spark/configmaps", json={"metadata": {"name": "after"}}
+    )
+    assert created.status_code == 201
+
+
+def test_the_request_log_names_the_pod_of_a_bound_token_and_orders_writes_as_committed(
+    apiserver: Served,
+) -> None:
+    """Two replicas of one service account, told apart by the pod their tokens are bound to (the user's
+    extra `authentication.kubernetes.io/pod-name`); each write carries the resourceVersion it was
+    committed at."""
+    sa = "system:serviceaccount:sparkgate-system:sparkgate-allocator"
+    for pod_name in ("alloc-a", "alloc-b"):
+        apiserver.server.add_user(f"{pod_name}-token", UserInfo(sa, pod_name, (), pod_name))
+    for pod_name in ("alloc-a", "alloc-b", "alloc-a"):
+        answer = raw(
+            apiserver,
+            "POST",
+            "/api/v1/namespaces/spark/configmaps",
+            json={"metadata": {"generateName": "w-"}},
+            headers={"Authorization": f"Bearer {pod_name}-token"},
+        )
+        assert answer.status_code == 201
+    writes = [e for e in apiserver.server.log.entries() if e.applied_write]
+    assert [(e.user, e.identity) for e in writes] == [(sa, "alloc-a"), (sa, "alloc-b"), (sa, "alloc-a")]
+    stored = sorted(
+        int(o["metadata"]["resourceVersion"]) for o in apiserver.store.list_objects("configmaps", "spark")[0]
+    )
+    assert [e.resource_version for e in writes] == stored
+    assert UserInfo(sa, "u", (), "alloc-a").review()["extra"] == {
+        "authentication.kubernetes.io/pod-name": ["alloc-a"]
+    }

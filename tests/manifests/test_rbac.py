@@ -4,9 +4,10 @@ Every Kubernetes call goes through sparkgate/kube.py's `Kube` (`get/list/watch/c
 or `request(METHOD, path)`). This test reads allocator/*.py and certs/*.py with `ast` and derives, for
 each call, the verb and the path template: a literal or f-string path, a `self.<attr>` assigned an f-string,
 a method or module function returning one, or a module constant; a `Reflector(kube, name, path, ...)`
-lists and watches its path. A call whose path it cannot derive fails the test, so new code keeps its
-paths readable. sparkgate/probe.py, sparkgate/leader.py and sparkgate/events.py, which the allocator runs,
-are read too. The union is compared with the rendered ClusterRole and Role, rule by rule and verb by verb.
+(sparkgate/kube.py) lists and watches its path. A call whose path it cannot derive fails the test, so new
+code keeps its paths readable. sparkgate/probe.py, sparkgate/leader.py and sparkgate/events.py, which the
+allocator runs, are read too. The union is compared with the rendered ClusterRole and Role, rule by rule
+and verb by verb.
 Then certs sync really runs on kubesim as the allocator's service account, and every request it made must
 be allowed by the same rules (resourceNames included).
 """
@@ -34,7 +35,7 @@ from sparkgate.leader import LeaderElector
 
 REPO = Path(__file__).resolve().parents[2]
 Obj = dict[str, Any]
-METHODS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+METHODS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 CALLS = {"get", "list", "watch", "create", "replace", "patch", "delete", "request"}
 
 
@@ -130,8 +131,6 @@ def uses_in(path: Path) -> Iterator[Use]:
             path_node, verb = node.args[1], METHODS.get(str(method.value), "")
         else:
             path_node, verb = node.args[0], {"replace": "update"}.get(func.attr, func.attr)
-        if ast.unparse(path_node) == "self.path" and path.name == "cache.py":
-            continue  # the Reflector's own list/watch: counted at each Reflector(...) above
         found = template(path_node, module)
         if found is None and path.parent.name == "certs":
             continue  # certs builds paths from its Target; its requests are checked live below

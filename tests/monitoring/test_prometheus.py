@@ -386,10 +386,11 @@ def run(tmp_path_factory: pytest.TempPathFactory, prometheus_rule: dict[str, Any
         # Each watch restarts once, and Prometheus records the counters (a labelled counter appears at its
         # first increment, unseen by increase()), then the storm: a dozen restarts each within seconds.
         # A watch that is reconnecting when its stream is dropped is not dropped: drop again until both
-        # have restarted.
+        # have restarted. Each stream is cut once it has been open a second, as a proxy with a short timeout
+        # would: a watch cut sooner is "very short" and re-opened only after a growing backoff.
         def first_restarts_scraped() -> bool:
             if restarts() < 1:
-                cluster.faults.drop_watches("configmaps")
+                cluster.faults.drop_watches("configmaps", min_age=1.0)
                 return False
             series = prometheus.query(
                 'sparkgate_allocator_watch_restarts_total{cause="timeout",watch=~"copies|sources"}'
@@ -400,8 +401,8 @@ def run(tmp_path_factory: pytest.TempPathFactory, prometheus_rule: dict[str, Any
         deadline = time.monotonic() + 60
         while restarts() < WATCH_DROPS:
             assert time.monotonic() < deadline, "the allocator did not restart its watches"
-            if cluster.faults.drop_watches("configmaps") == 0:
-                time.sleep(0.02)  # the allocator is reconnecting
+            if cluster.faults.drop_watches("configmaps", min_age=1.0) == 0:
+                time.sleep(0.02)  # the allocator is reconnecting, or its streams are younger than 1 s
         # A scale-down (pending and gated pods deleted) and an app that ends (its driver pod deleted).
         drivers["etl"].scale_to(3)
         adhoc = drivers["adhoc"]

@@ -10,7 +10,17 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from kubesim.cluster import Cluster
-from sparkgate.kube import Conflict, Gone, Invalid, Kube, KubeError, NotFound, Unavailable, resource_of
+from sparkgate.kube import (
+    Conflict,
+    Gone,
+    Invalid,
+    Kube,
+    KubeError,
+    NotFound,
+    NotLeading,
+    Unavailable,
+    resource_of,
+)
 
 NS = "spark"
 PODS = f"/api/v1/namespaces/{NS}/pods"
@@ -212,3 +222,30 @@ def test_a_dropped_watch_ends_the_stream_for_the_caller_to_resume(cluster: Clust
     with pytest.raises((StopIteration, Unavailable)):
         while True:
             next(stream)
+
+
+def test_a_gated_client_checks_before_every_write_attempt_and_never_gates_reads(
+    cluster: Cluster, kube: Kube, recorder: Recorder
+) -> None:
+    """The leader's client (sparkgate/leader.py): a write is not sent once `leading()` is false, and a
+    retried write asks again before each attempt, so leadership lapsing during its backoff stops it."""
+    answers = [True, False]
+    gated = kube.gated(lambda: answers.pop(0) if answers else False)
+    cluster.faults.fail("create", "configmaps", 503, count=1)
+    with pytest.raises(NotLeading):
+        gated.create(CONFIG_MAPS, config_map("gated"))
+    assert [(v, c) for v, r, c in recorder.requests if r == "configmaps"] == [("create", 503)]
+    assert not answers and len(recorder.sleeps) == 1  # asked twice: before the attempt and the retry
+    with pytest.raises(NotFound):
+        gated.get(f"{CONFIG_MAPS}/gated")  # a read goes out, gate or not
+    assert kube.create(CONFIG_MAPS, config_map("gated"))["metadata"]["name"] == "gated"  # kube is not gated
+
+
+def test_a_request_timeout_ends_a_hung_request_without_retrying(
+    cluster: Cluster, kube: Kube, recorder: Recorder
+) -> None:
+    """A single attempt with a timeout (the lease requests): a hung API server costs the timeout, once."""
+    cluster.faults.hang("get", "configmaps")
+    with pytest.raises(Unavailable):
+        kube.request("GET", f"{CONFIG_MAPS}/anything", retry=False, timeout=0.5)
+    assert recorder.requests == [("get", "configmaps", 0)] and recorder.sleeps == []

@@ -1,0 +1,164 @@
+"""sparkgate/leader.py against kubesim over HTTP: leadership that expires by itself, single-attempt lease
+requests with a timeout, a leader thread that survives its own exceptions, and the certificate task's
+writes gated on its Lease."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from certs.sync import Target, certs_task
+from kubesim.cluster import Cluster
+from sparkgate import contract
+from sparkgate.cli import main
+from sparkgate.kube import Kube
+from sparkgate.leader import LeaderElector
+
+NS = contract.INSTALL_NAMESPACE
+LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases"
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    with Cluster(nodes=1, namespaces=("default", NS)) as c:
+        yield c
+
+
+@pytest.fixture
+def kube(cluster: Cluster) -> Iterator[Kube]:
+    k = Kube.from_kubeconfig(str(cluster.kubeconfig()))
+    yield k
+    k.close()
+
+
+def lease_requests(cluster: Cluster) -> list[tuple[str, int]]:
+    return [(e.verb, e.code) for e in cluster.requests.entries() if e.resource == "leases"]
+
+
+def test_leading_turns_false_by_itself_at_the_renew_deadline(cluster: Cluster, kube: Kube) -> None:
+    """client-go's leaderelection stops leading when a renew round outlives RenewDeadline; here no request
+    and no thread has to notice: the capability is the last renew's time plus the deadline."""
+    now = [0.0]
+    elector = LeaderElector(
+        kube, NS, "l", "a", lease_duration=15, renew_deadline=10, monotonic=lambda: now[0]
+    )
+    assert not elector.leading
+    assert elector.try_acquire_or_renew() and elector.leading
+    sent = len(lease_requests(cluster))
+    now[0] = 9.99
+    assert elector.leading
+    now[0] = 10.0
+    assert not elector.leading, "lapsed with no renew: nobody had to call anything"
+    assert len(lease_requests(cluster)) == sent
+    assert elector.try_acquire_or_renew() and elector.leading  # still its lease: renewed, leading again
+    assert (elector.transitions, elector.losses) == (2, 1)
+
+
+def test_lease_requests_are_single_attempts_with_a_timeout_under_the_renew_deadline(
+    cluster: Cluster, kube: Kube
+) -> None:
+    """With the lease requests hanging, each turn sends one GET, gives up after half the renew deadline and
+    is not retried; leadership ends at the deadline although no request ever failed fast."""
+    now = [0.0]
+    elector = LeaderElector(
+        kube, NS, "l", "a", lease_duration=3, renew_deadline=2, retry_period=0.5, monotonic=lambda: now[0]
+    )
+    assert elector.try_acquire_or_renew()
+    cluster.requests.clear()
+    cluster.faults.hang("*", "leases")
+    assert elector.turn(), "the renew deadline has not passed on the elector's clock"
+    now[0] = 2.0
+    assert not elector.turn() and elector.losses == 1
+    cluster.faults.resume()
+    cluster.wait_for(lambda: len(lease_requests(cluster)) == 2, what="both hung requests logged")
+    assert lease_requests(cluster) == [("get", 0), ("get", 0)], "one attempt per turn, no retries"
+
+
+def test_the_leader_thread_survives_its_own_exceptions(cluster: Cluster, kube: Kube) -> None:
+    """A Lease the elector cannot read (a bug's stand-in: leaseDurationSeconds is not a number) raises
+    inside a turn: logged, counted, and the thread goes on; once the Lease is readable it leads."""
+    cluster.store.create(
+        "leases",
+        {"metadata": {"name": "l"}, "spec": {"holderIdentity": "b", "leaseDurationSeconds": "soon"}},
+        namespace=NS,
+    )
+    errors: list[int] = []
+    started, stop = threading.Event(), threading.Event()
+    elector = LeaderElector(
+        kube,
+        NS,
+        "l",
+        "a",
+        lease_duration=3,
+        renew_deadline=2,
+        retry_period=0.05,
+        on_error=lambda: errors.append(1),
+    )
+    thread = threading.Thread(
+        target=elector.campaign,
+        args=(stop,),
+        kwargs={"on_turn": lambda leading: None, "on_started": started.set, "on_lost": stop.set},
+        daemon=True,
+    )
+    thread.start()
+    try:
+        cluster.wait_for(lambda: len(errors) >= 2, what="two failed turns")
+        assert thread.is_alive() and not started.is_set()
+        cluster.store.delete("leases", NS, "l")
+        assert started.wait(30), "the thread went on and took the free Lease"
+        assert elector.errors == len(errors) >= 2 and elector.leading
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+
+def test_a_certificate_cycle_writes_only_while_its_lease_is_held(cluster: Cluster, kube: Kube) -> None:
+    """The certificate task's writes go through a client gated on its Lease: a cycle run by a replica that
+    does not lead (or no longer does) sends none of them."""
+    task = certs_task(
+        kube,
+        Target(),
+        identity="a",
+        interval=60,
+        stop=threading.Event(),
+        clock=lambda: dt.datetime.now(dt.UTC),
+    )
+    cluster.requests.clear()
+    with pytest.raises(RuntimeError):
+        task.work()  # not leading: the Secret's create is refused before it is sent
+    sent = cluster.requests.entries()
+    assert sent and {e.verb for e in sent} == {"get"}, "the Secret and configurations read, nothing written"
+    assert task.elector.try_acquire_or_renew()
+    task.work()
+    assert cluster.store.get("secrets", NS, Target().secret)["data"]
+
+
+def test_durations_the_elector_cannot_keep_are_refused_with_a_clear_error(
+    cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A renew deadline at least the lease duration would let a follower take over while the leader still
+    writes: `sparkgate allocator` refuses to start, saying which durations."""
+    code = main(
+        [
+            "allocator",
+            "--kubeconfig",
+            str(cluster.kubeconfig()),
+            "--policy",
+            str(tmp_path / "policy.yaml"),
+            "--lease-duration",
+            "15",
+            "--renew-deadline",
+            "20",
+            "--no-certs",
+        ]
+    )
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "sparkgate allocator: lease sparkgate-allocator: need lease duration > renew deadline > retry period"
+        " > 0, got 15 s, 20 s, 2 s\n"
+    )
+    assert cluster.requests.count(resource="leases") == 0
