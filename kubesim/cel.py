@@ -187,8 +187,15 @@ def _program(expression: str) -> celpy.Runner:
     try:
         with _LOCK:  # the lark parser is not thread-safe
             return _ENV.program(_ENV.compile(expression), functions=FUNCTIONS)
-    except CELParseError as e:
-        raise CelError(f"compilation failed: {e}") from None
+    except CELParseError as e:  # cel-go's shape: `ERROR: <input>:LINE:COLUMN: Syntax error: ...`
+        raise CelError(
+            f"compilation failed: ERROR: <input>:{e.line}:{e.column}: Syntax error: unexpected input"
+        ) from None
+
+
+def compile(expression: str) -> None:
+    """CelError (`compilation failed: ...`) when the expression does not parse."""
+    _program(expression)
 
 
 class Inputs:
@@ -200,6 +207,8 @@ class Inputs:
         self._converted: dict[str, Any] = {}
 
     def set(self, name: str, value: Any) -> None:
+        if name in self._values and self._values[name] is value:
+            return  # the same document (documents are not changed once given): its conversion stands
         self._values[name] = value
         self._converted.pop(name, None)
 

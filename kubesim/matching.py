@@ -140,7 +140,7 @@ def set_variables(definitions: list[Obj], variables: cel.Inputs) -> None:
     `variables.NAME`; one that fails to evaluate is left out (an expression using it fails in turn)."""
     computed: dict[str, Any] = {}
     for variable in definitions:
-        variables.set("variables", computed)
+        variables.set("variables", dict(computed))  # a new document: Inputs keeps a conversion per document
         try:
             computed[str(variable.get("name"))] = cel.evaluate(str(variable.get("expression", "")), variables)
         except cel.CelError:

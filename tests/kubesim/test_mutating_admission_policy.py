@@ -263,7 +263,7 @@ def test_apply_configuration_merges_like_server_side_apply(core: client.CoreV1Ap
 
 
 def test_failure_policy_decides_on_errors(cluster: Cluster, core: client.CoreV1Api, install: Any) -> None:
-    """policy_dispatcher.go: an evaluation error, a compile error or a patch that does not apply is
+    """policy_dispatcher.go: an evaluation error or a patch that does not apply is
     ignored under Ignore (the other mutations still apply) and under Fail refuses with 403, reason Invalid,
     `policy 'P' with binding 'B' denied request: WHY`, one cause per failure. A failed `test` op leaves the
     object unchanged without an error (json_patch.go)."""
@@ -286,7 +286,7 @@ def test_failure_policy_decides_on_errors(cluster: Cluster, core: client.CoreV1A
         policy(
             "strict",
             json_patch("[JSONPatch{op: 'replace', path: '/spec/nothing/here', value: 1}]"),
-            json_patch("[JSONPatch{op: 'add', path: "),
+            json_patch("[JSONPatch{op: 'add', path: '/metadata/labels/x', value: object.spec.nope}]"),
         )
     )
     with pytest.raises(client.ApiException) as e:
@@ -295,8 +295,26 @@ def test_failure_policy_decides_on_errors(cluster: Cluster, core: client.CoreV1A
     assert (code, reason) == (403, "Invalid")
     assert message.startswith("policy 'strict' with binding 'strict' denied request: JSONPath: ")
     causes = json.loads(e.value.body)["details"]["causes"]
-    assert len(causes) == 2 and "compilation failed" in causes[1]["message"]
+    assert len(causes) == 2 and "resulted in error" in causes[1]["message"]
     assert [p["metadata"]["name"] for p in cluster.store.list_objects("pods", "spark")[0]] == ["e1"]
+
+
+def test_a_policy_that_does_not_compile_is_refused_at_creation(
+    admission: client.AdmissionregistrationV1Api,
+) -> None:
+    """Measured on v1.36.2: a policy whose CEL does not compile is refused when it is created (422,
+    `compilation failed: ERROR: <input>:LINE:COLUMN: ...`), as are unknown enum values
+    (pkg/apis/admissionregistration/validation). kubesim checks syntax only, not CEL types."""
+    broken = policy("broken", json_patch("[JSONPatch{op: 'add', path: "), failurePolicy="Sometimes")
+    with pytest.raises(client.ApiException) as e:
+        admission.create_mutating_admission_policy(broken)
+    code, reason, message = refusal(e)
+    assert (code, reason) == (422, "Invalid")
+    assert message.startswith('MutatingAdmissionPolicy.admissionregistration.k8s.io "broken" is invalid: ')
+    assert "spec.mutations[0].jsonPatch.expression: Invalid value: " in message
+    assert "compilation failed: ERROR: <input>:1:" in message
+    assert 'spec.failurePolicy: Unsupported value: "Sometimes"' in message
+    assert admission.list_mutating_admission_policy().items == []
 
 
 def test_matching_binding_resources_params_and_variables(
