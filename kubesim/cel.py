@@ -142,7 +142,12 @@ _ENV = celpy.Environment()
 
 
 class CelError(Exception):
-    """An expression that does not compile or does not evaluate; the message is kube-apiserver's shape."""
+    """An expression that does not compile or does not evaluate; the message is kube-apiserver's shape,
+    `why` the evaluation error alone."""
+
+    def __init__(self, message: str, why: str = "") -> None:
+        super().__init__(message)
+        self.why = why or message
 
 
 class Budget:
@@ -198,6 +203,25 @@ def compile(expression: str) -> None:
     _program(expression)
 
 
+class Failed:
+    """A policy variable that failed to evaluate (a value of the `variables` document): reading it is an
+    error, `composited variable "NAME" fails to evaluate: WHY` (admission/plugin/cel/composition.go)."""
+
+    def __init__(self, name: str, why: str) -> None:
+        self.message = f'composited variable "{name}" fails to evaluate: {why}'
+
+
+def _to_cel(value: Any) -> Any:
+    if isinstance(value, dict) and any(isinstance(v, Failed) for v in value.values()):
+        return celtypes.MapType(
+            {
+                celtypes.StringType(k): CELEvalError(v.message) if isinstance(v, Failed) else json_to_cel(v)
+                for k, v in value.items()
+            }
+        )
+    return json_to_cel(value)
+
+
 class Inputs:
     """The variables of a set of expressions: each JSON document is converted to CEL once, and only when
     an expression names it (a Spark executor pod takes milliseconds to convert)."""
@@ -217,7 +241,7 @@ class Inputs:
         for name, value in self._values.items():
             if re.search(rf"\b{re.escape(name)}\b", expression):
                 if name not in self._converted:
-                    self._converted[name] = json_to_cel(value)
+                    self._converted[name] = _to_cel(value)
                 out[name] = self._converted[name]
         return out
 
@@ -236,12 +260,11 @@ def evaluate(expression: str, variables: Inputs | Mapping[str, Any], budget: Bud
     try:
         result = evaluator.evaluate(activation)
     except CELEvalError as e:
-        raise CelError(f"expression '{expression}' resulted in error: {e.args[0]}") from None
+        raise CelError(f"expression '{expression}' resulted in error: {e.args[0]}", str(e.args[0])) from None
     except _CostExceeded:
         if cost[0] > meter.per_call:
-            raise CelError(
-                f"expression '{expression}' resulted in error: operation cancelled: actual cost limit exceeded"
-            ) from None
+            why = "operation cancelled: actual cost limit exceeded"
+            raise CelError(f"expression '{expression}' resulted in error: {why}", why) from None
         meter.remaining = -1
         raise CelError(
             "validation failed due to running out of cost budget, no further validation rules will be run"
@@ -251,7 +274,7 @@ def evaluate(expression: str, variables: Inputs | Mapping[str, Any], budget: Bud
     try:
         return _plain(result)
     except CELEvalError as e:  # an error inside a list or map is an error of the whole expression
-        raise CelError(f"expression '{expression}' resulted in error: {e.args[0]}") from None
+        raise CelError(f"expression '{expression}' resulted in error: {e.args[0]}", str(e.args[0])) from None
 
 
 def _plain(value: Any) -> Any:

@@ -137,14 +137,15 @@ def match_conditions(conditions: list[Obj], variables: cel.Inputs, failure_polic
 
 def set_variables(definitions: list[Obj], variables: cel.Inputs) -> None:
     """An admission policy's `variables`, in order, each seeing the ones before it, offered as
-    `variables.NAME`; one that fails to evaluate is left out (an expression using it fails in turn)."""
+    `variables.NAME`; one that fails to evaluate fails the expression that reads it (composition.go)."""
     computed: dict[str, Any] = {}
     for variable in definitions:
         variables.set("variables", dict(computed))  # a new document: Inputs keeps a conversion per document
+        name = str(variable.get("name"))
         try:
-            computed[str(variable.get("name"))] = cel.evaluate(str(variable.get("expression", "")), variables)
-        except cel.CelError:
-            continue
+            computed[name] = cel.evaluate(str(variable.get("expression", "")), variables)
+        except cel.CelError as e:
+            computed[name] = cel.Failed(name, e.why)
     variables.set("variables", computed)
 
 

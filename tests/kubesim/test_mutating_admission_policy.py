@@ -358,6 +358,38 @@ def test_matching_binding_resources_params_and_variables(
     )
 
 
+def test_a_variable_that_fails_fails_the_mutation_that_reads_it(core: client.CoreV1Api, install: Any) -> None:
+    """admission/plugin/cel/composition.go: variables are evaluated for each mutation, on the object the
+    mutations before it left; one that fails to evaluate fails only the expressions that read it, with
+    `composited variable "NAME" fails to evaluate: WHY`."""
+    read_broken = "[JSONPatch{op: 'add', path: '/metadata/labels/x', value: variables.broken}]"
+    p = policy(
+        "vars",
+        json_patch("[JSONPatch{op: 'add', path: '/metadata/labels/n', value: string(variables.gates)}]"),
+        json_patch(GATE),
+        json_patch("[JSONPatch{op: 'add', path: '/metadata/labels/m', value: string(variables.gates)}]"),
+        json_patch(read_broken),
+        variables=[
+            {
+                "name": "gates",
+                "expression": "has(object.spec.schedulingGates) ? size(object.spec.schedulingGates) : 0",
+            },
+            {"name": "broken", "expression": "object.spec.nope"},
+        ],
+    )
+    install(p)
+    with pytest.raises(client.ApiException) as e:
+        core.create_namespaced_pod("spark", executor_pod("e1"))
+    assert refusal(e)[2] == (
+        f"policy 'vars' with binding 'vars' denied request: expression '{read_broken}' resulted in error: "
+        "composited variable \"broken\" fails to evaluate: no such member in mapping: 'nope'"
+    )
+    p["spec"]["failurePolicy"] = "Ignore"
+    body = {"apiVersion": "v1", "kind": "Pod", **executor_pod("e1")}
+    labels = apply_policies([p], [binding("vars")], body)["metadata"]["labels"]
+    assert (labels["n"], labels["m"]) == ("0", "1") and "x" not in labels
+
+
 def test_the_cel_cost_limits_are_the_api_servers() -> None:
     """k8s.io/apiserver/pkg/apis/cel/config.go: PerCallLimit 1000000, RuntimeCELCostBudget 10000000; an
     evaluation past the per-call limit fails with cel-go's `operation cancelled: actual cost limit
