@@ -14,7 +14,8 @@ patch/smd.go) and policy/generic (policy_dispatcher.go), with the behaviour meas
 - `paramKind` + the binding's `paramRef` (`name`, or `selector`; `namespace`, else the request's for a
   namespaced kind; `parameterNotFoundAction: Deny` refuses when none is found): one invocation per
   parameter object, offered as `params`.
-- `variables` are evaluated in order for each invocation and offered as `variables.NAME`; CEL also sees
+- `variables` are evaluated in order before each mutation, on the object as the mutations before it left
+  it, and offered as `variables.NAME` (one that fails fails its readers); CEL also sees
   `object`, `oldObject`, `request`, `params`, `namespaceObject` (`authorizer` is not offered).
 - `mutations` in order, each seeing the previous one's result. `JSONPatch`: the expression returns a list
   of `JSONPatch{op, path, from, value}` applied to the object; a failed `test` leaves it unchanged; another
@@ -108,7 +109,9 @@ def apply_policies(
             )
         store.create(plural, copy.deepcopy(param), namespace=(param.get("metadata") or {}).get("namespace"))
     kind = obj.get("kind", "")
-    resource = next((r.plural for r in RESOURCES.values() if r.kind == kind), "")
+    resource = next((r.plural for r in RESOURCES.values() if r.kind == kind), None)
+    if resource is None:
+        raise ValueError(f"kubesim serves no kind {kind!r} (the object's `kind`)")
     meta = obj.get("metadata") or {}
     request = AdmissionRequest(
         operation,
