@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any

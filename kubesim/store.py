@@ -51,7 +51,7 @@ from .errors import (
 from .resources import RESOURCES, Resource
 from .selectors import field_selector, label_selector
 from .strategic import strategic_merge
-from .validation import check_metadata
+from .validation import check_object
 from .watching import Watch, matcher
 
 Obj = dict[str, Any]
@@ -383,7 +383,7 @@ class Store:
         obj.setdefault("metadata", {})["name"] = name
         if r.namespaced:
             obj["metadata"]["namespace"] = ns
-        check_metadata(r.kind, obj, namespace_name=resource == "namespaces")
+        check_object(resource, r.kind, obj)
         self._validate(request, obj)
         with self._lock:
             self._check_namespace(r, ns, name)
@@ -561,7 +561,7 @@ class Store:
                 request, admitted = self._admit("UPDATE", resource, new, current, user, dry_run)
                 if admitted is not None:
                     new = _keep_identity(current, admitted, r)
-            check_metadata(r.kind, new, namespace_name=resource == "namespaces")
+            check_object(resource, r.kind, new)
             self._validate(request, new)
             with self._lock:
                 latest = self._objects[resource].get(key)

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-BENCHMARKS = ("admission", "scale", "refill", "value", "extender")
+BENCHMARKS = ("admission", "scale", "refill", "value", "extender", "kubesim_policy")
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +149,13 @@ def test_extender(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
             assert figures["count"] == config["requests"] and 0 < figures["p50"] <= figures["p99"]
             assert figures["p99_range"] == [figures["p99"], figures["p99"]]
     assert len(document["rounds"]) == config["rounds"] == 1
+
+
+def test_kubesim_policy(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
+    document = finished(results, "kubesim_policy")
+    (round_,) = document["rounds"]
+    for case in ("without", "with_policy"):
+        for where in ("http_ms", "chain_ms"):
+            entry = round_[case][where]
+            assert entry["count"] == document["config"]["pods"] and 0 < entry["p50"] <= entry["p99"]
+    assert set(document["summary"]["added_p50_ms"]) == {"http_ms", "chain_ms"}
