@@ -32,11 +32,9 @@ from __future__ import annotations
 
 import collections
 import json
-import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from json.encoder import encode_basestring
 from typing import Any
 
@@ -51,6 +49,11 @@ from .placement import Failure, Placement
 MAX_EXTENDER_PRIORITY = 10
 HEALTHY_SCORE = 7  # the lowest score of a node without recent failures, while some candidate has them
 FAILING_SCORE = 5  # a node with failures scores floor(5 x (1 - risk)): at most 4, 3 below any healthy node
+# A healthy node's score by its preference p while some candidate has failures: 7 + round(p x 3/10).
+_HEALTHY = tuple(
+    HEALTHY_SCORE + round(p * (MAX_EXTENDER_PRIORITY - HEALTHY_SCORE) / MAX_EXTENDER_PRIORITY)
+    for p in range(MAX_EXTENDER_PRIORITY + 1)
+)
 VERBS = ("filter", "prioritize")
 Obj = dict[str, Any]
 
@@ -153,23 +156,25 @@ def exclusions(
     return out
 
 
-def risks(
+def failing_scores(
     own: Sequence[Failure],
     apps: Mapping[str, int],
     settings: Scheduling,
     cluster: Scheduling,
     now: float,
-) -> dict[str, Fraction]:
-    """How far each node with recent failures has gone toward its exclusion, 0 < r <= 1: the larger of the
-    app's own failures there over `failuresPerApp` (its profile's window) and the apps that failed there
-    (`apps`, from suspect_nodes) over `suspectNodeApps` (the top-level window). 1: refused by the filter."""
-    out = {
-        node: Fraction(min(n, cluster.suspect_node_apps), cluster.suspect_node_apps)
-        for node, n in apps.items()
-    }
+) -> dict[str, int]:
+    """The score of each node with recent failures, floor(5 x (1 - r)) (module docstring), r the larger of
+    the app's own failures there / `failuresPerApp` (its profile's window) and the apps failed there (`apps`,
+    from suspect_nodes) / `suspectNodeApps` (the top-level window); r is at most 1, where the filter refuses
+    the node. In integers: min over both of 5 x (N - k) // N."""
+
+    def score(k: int, n: int) -> int:
+        return FAILING_SCORE * (n - min(k, n)) // n
+
+    out = {node: score(k, cluster.suspect_node_apps) for node, k in apps.items()}
     for node, failed in _own_by_node(own, settings, now).items():
-        mine = Fraction(min(len(failed), settings.failures_per_app), settings.failures_per_app)
-        out[node] = max(out.get(node, Fraction(0)), mine)
+        mine = score(len(failed), settings.failures_per_app)
+        out[node] = min(out.get(node, mine), mine)
     return out
 
 
@@ -198,24 +203,15 @@ def scores(
     executors: Mapping[str, int],
     zones: Mapping[str, str],
     driver_zone: str | None,
-    risk: Mapping[str, Fraction] | None = None,
+    failing: Mapping[str, int] | None = None,
 ) -> list[tuple[str, int]]:
     """Each node's score, 0..10 (module docstring). Only the few nodes that run the app's executors have a
     score of their own; every other node scores by its zone alone. When some candidate has recent failures
-    (`risk`, from risks()), the healthy nodes score 7 to 10 by that preference and the others 0 to 4 by how
-    near they are to their exclusion."""
+    (`failing`: their scores, from failing_scores), the healthy nodes score 7 to 10 by that preference."""
     preferred = _preferences(names, settings, executors, zones, driver_zone)
-    if not risk or not any(risk.get(n) for n, _ in preferred):
+    if not failing or failing.keys().isdisjoint(n for n, _ in preferred):
         return preferred
-    return [(n, _healthy(p) if not risk.get(n) else _failing(risk[n])) for n, p in preferred]
-
-
-def _healthy(preference: int) -> int:
-    return HEALTHY_SCORE + round(preference * (MAX_EXTENDER_PRIORITY - HEALTHY_SCORE) / MAX_EXTENDER_PRIORITY)
-
-
-def _failing(risk: Fraction) -> int:
-    return math.floor(FAILING_SCORE * (1 - min(risk, Fraction(1))))
+    return [(n, failing[n] if n in failing else _HEALTHY[p]) for n, p in preferred]
 
 
 def _preferences(
@@ -400,8 +396,8 @@ class Extender:
         executors = self.placement.executors(app) if settings.packing != "none" else {}
         own = self.own_failures(app, settings, policy)
         now = self.placement.monotonic()
-        risk = risks(own, self.suspect(policy)[1], settings, policy.scheduling, now)
-        return scores(args.names, settings, executors, self.placement.zones(), zone, risk)
+        failing = failing_scores(own, self.suspect(policy)[1], settings, policy.scheduling, now)
+        return scores(args.names, settings, executors, self.placement.zones(), zone, failing)
 
     def app_document(self, app: AppKey, profile: str | None) -> list[Obj]:
         """The app's refused nodes and why, for /apps and /apps/<namespace>/<app id>."""

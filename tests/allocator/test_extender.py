@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import replace
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +16,9 @@ from allocator.cache import pod_record
 from allocator.extender import (
     Extender,
     exclusions,
+    failing_scores,
     filter_nodes,
     parse_args,
-    risks,
     scores,
     suspect_nodes,
 )
@@ -227,8 +226,8 @@ def test_a_failing_node_scores_lower_from_its_first_failure_until_the_window_end
 
     def scored(app: AppKey, settings: Scheduling = settings, executors: dict[str, int] | None = None) -> Any:
         _, apps, _ = suspect_nodes(placement.failures(600), cluster, clock.now)
-        risk = risks(placement.app_failures(app, 600), apps, settings, cluster, clock.now)
-        return scores(names, settings, executors or {}, {}, None, risk)
+        failing = failing_scores(placement.app_failures(app, 600), apps, settings, cluster, clock.now)
+        return scores(names, settings, executors or {}, {}, None, failing)
 
     assert scored(A) == [("n1", 0), ("n2", 0), ("n3", 0)], "no failure: neutral, as before"
     fail(placement, A, "a1", "n1", reason="OOMKilled", exit_code=137)
@@ -260,9 +259,9 @@ def test_a_node_refused_to_every_app_but_kept_by_the_fallback_scores_0(clock: Cl
     """At its exclusion (r = 1) a node scores 0: when the filter kept every node (all refused), the ones
     with fewer failures still win."""
     settings = Scheduling(failures_per_app=1, suspect_node_apps=5)
-    risk = risks([], {"n1": 2, "n2": 7}, settings, settings, clock.now)
-    assert risk == {"n1": Fraction(2, 5), "n2": Fraction(1)}
-    assert scores(["n1", "n2"], settings, {}, {}, None, risk) == [("n1", 3), ("n2", 0)]
+    failing = failing_scores([], {"n1": 2, "n2": 7}, settings, settings, clock.now)
+    assert failing == {"n1": 3, "n2": 0}, "floor(5 x 3/5); r = 7/5 counts as 1"
+    assert scores(["n1", "n2", "n3"], settings, {}, {}, None, failing) == [("n1", 3), ("n2", 0), ("n3", 7)]
 
 
 def test_the_protocol_answers_filter_and_prioritize(extender: Extender, placement: Placement) -> None:
