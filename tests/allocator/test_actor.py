@@ -4,6 +4,7 @@ stopping only its own app's releases."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -12,9 +13,10 @@ import pytest
 
 from allocator.actor import Actor
 from allocator.cache import pod_record
-from allocator.model import Event, PodRecord, Release
+from allocator.model import Action, DeletePod, DeletionReason, Event, PodRecord, Release
 from kubesim.cluster import Cluster
 from sparkgate import contract
+from sparkgate.cli import main
 from sparkgate.kube import Kube
 
 ALLOCATOR = "system:serviceaccount:sparkgate-system:sparkgate-allocator"
@@ -64,19 +66,73 @@ def gates(cluster: Cluster, name: str) -> list[str]:
 
 
 def test_a_stale_release_stops_its_app_only_and_other_gates_stay(cluster: Cluster, actor: Actor) -> None:
-    a1, a2, a3 = (gated_pod(cluster, "app-a", i) for i in (1, 2, 3))
+    """A run of releases goes out side by side, so a stale one does not hold back its siblings already sent;
+    the app's writes after the run are dropped (it is re-decided), its Events still go."""
+    a1, a2, a3, a4 = (gated_pod(cluster, "app-a", i) for i in (1, 2, 3, 4))
     b1, b2 = (gated_pod(cluster, "app-b", i) for i in (1, 2))
     stale = replace(a2, gate_index=0)  # the `test` of the patch fails: 422
-    actions = [Release(a1.app, a1), Release(a2.app, stale), Release(a3.app, a3)]
+    actions: list[Action] = [Release(a1.app, a1), Release(a2.app, stale), Release(a3.app, a3)]
+    noted = Event(a1.app, a1.name, a1.uid, "Normal", "Released", "released", "a/released")
+    actions += [noted, DeletePod(a4.app, a4, DeletionReason.ID_REUSE), Release(a4.app, a4)]
     actions += [Release(b1.app, b1), Release(b2.app, b2)]
     done = actor.submit(actions)
     results = {app: future.result() for app, future in done.items()}
     assert {app: r.ok for app, r in results.items()} == {a1.app: False, b1.app: True}
-    assert results[a1.app].released == [a1.uid] and results[b1.app].released == [b1.uid, b2.uid]
-    assert gates(cluster, a1.name) == ["other.io/gate"]  # released before the stale one
+    assert results[a1.app].released == [a1.uid, a3.uid] and results[b1.app].released == [b1.uid, b2.uid]
+    assert gates(cluster, a1.name) == gates(cluster, a3.name) == ["other.io/gate"]
     assert gates(cluster, a2.name) == ["other.io/gate", contract.GATE]  # the failed test changed nothing
-    assert gates(cluster, a3.name) == ["other.io/gate", contract.GATE]  # dropped: the app is re-decided
+    assert gates(cluster, a4.name) == ["other.io/gate", contract.GATE]  # dropped: the app is re-decided
+    assert cluster.store.get("pods", "spark", a4.name)["metadata"].get("deletionTimestamp") is None
+    events, _, _ = cluster.store.list("events", "spark")
+    assert [e["reason"] for e in events] == ["Released"]
     assert gates(cluster, b1.name) == gates(cluster, b2.name) == ["other.io/gate"]
+
+
+def test_an_apps_releases_are_pipelined_on_the_writers(cluster: Cluster) -> None:
+    """Six releases of one app are all in flight at once: each PATCH waits at a barrier of six before it is
+    sent (the budget's hook), which only six concurrent writers can pass; sent one after the other, the
+    first would wait there for good and the barrier would break (counting, not timing)."""
+    kube = Kube.from_kubeconfig(str(cluster.add_user(ALLOCATOR)))
+    barrier = threading.Barrier(6, timeout=60)
+    actor = Actor(kube.limited(barrier.wait), "sparkgate-system", parallel_apps=1, writers=6)
+    try:
+        pods = [gated_pod(cluster, "app-a", i) for i in range(1, 7)]
+        (done,) = actor.submit([Release(p.app, p) for p in pods]).values()
+        assert done.result().released == [p.uid for p in pods]
+        assert all(gates(cluster, p.name) == ["other.io/gate"] for p in pods)
+        assert not barrier.broken
+    finally:
+        actor.close()
+        kube.close()
+
+
+def test_gate_removal_latency_runs_from_the_gated_pod_first_seen_to_the_patch_accepted(
+    cluster: Cluster,
+) -> None:
+    """The actor observes the cache's pod records (an injected monotonic clock): a gated pod is seen at
+    10 s, seen again at 11 s (the first sighting counts), released at 12.5 s: 2.5 s. A pod whose gate went
+    without sparkgate's PATCH (seen ungated) or that was replaced (a new uid) has nothing to measure."""
+    now = [10.0]
+    removed: list[float] = []
+    kube = Kube.from_kubeconfig(str(cluster.add_user(ALLOCATOR)))
+    actor = Actor(kube, "sparkgate-system", monotonic=lambda: now[0], on_gate_removed=removed.append)
+    try:
+        a1, a2, a3 = (gated_pod(cluster, "app-a", i) for i in (1, 2, 3))
+        for pod in (a1, a2, a3):
+            actor.observe(None, pod)
+        now[0] = 11.0
+        actor.observe(a1, replace(a1, phase="Pending"))
+        actor.observe(a2, replace(a2, gated=False, gate_index=None))
+        actor.observe(a3, replace(a3, uid="replaced"))
+        now[0] = 12.5
+        actor.release(Release(a1.app, a1))
+        actor.release(Release(a3.app, a3))
+        assert removed == [2.5]
+        assert actor.submit([Release(a2.app, a2)])[a2.app].result().ok
+        assert removed == [2.5], "a2 was seen ungated: no start to measure from"
+    finally:
+        actor.close()
+        kube.close()
 
 
 def test_what_the_work_queue_is_told_failed_written_or_only_events(cluster: Cluster, actor: Actor) -> None:
@@ -92,3 +148,14 @@ def test_what_the_work_queue_is_told_failed_written_or_only_events(cluster: Clus
     assert outcomes == {a1.app: True, b1.app: None, c1.app: False}
     events, _, _ = cluster.store.list("events", "spark")
     assert [e["reason"] for e in events] == ["Waiting"]  # the Event was sent all the same
+
+
+def test_a_write_budget_that_cannot_hand_out_tokens_is_refused_at_start(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`sparkgate allocator --kube-api-qps 0` stops at once with what is wrong (before any API call)."""
+    assert main(["allocator", "--kube-api-qps", "0", "--kubeconfig", "/nonexistent"]) == 2
+    assert capsys.readouterr().err == (
+        "sparkgate allocator: --kube-api-qps, --kube-api-burst: a token bucket needs qps > 0 and burst >= 1, "
+        "got qps 0.0, burst 100\n"
+    )
