@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-BENCHMARKS = ("admission", "scale", "refill", "value", "extender")
+BENCHMARKS = ("admission", "scale", "refill", "value", "extender", "gates")
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +149,17 @@ def test_extender(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
             assert figures["count"] == config["requests"] and 0 < figures["p50"] <= figures["p99"]
             assert figures["p99_range"] == [figures["p99"], figures["p99"]]
     assert len(document["rounds"]) == config["rounds"] == 1
+
+
+def test_gates(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
+    document = finished(results, "gates")
+    floor, actor, config = document["floor"], document["actor"], document["config"]
+    assert floor["removals"] == actor["removals"] == config["executors"] > 0
+    assert positive(floor["per_second"]) and positive(actor["per_second"]) and positive(document["ratio"])
+    assert actor["kube_api_qps"] > 0 and actor["kube_api_burst"] > 0
+    # The allocator's own histogram saw the gate removals (the last one may land after the scrape).
+    metric = actor["gate_removal_metric_ms"]
+    assert config["executors"] - 1 <= metric["count"] <= config["executors"]
+    assert 0 <= metric["p50"] <= metric["p99"]
+    paced = actor["paced"]["created_to_removed_ms"]
+    assert actor["paced"]["pods"] == config["paced"] > 0 and 0 < paced["p50"] <= paced["p99"] <= paced["max"]
