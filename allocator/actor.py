@@ -14,8 +14,9 @@ Transient API errors are retried with backoff inside sparkgate/kube.py.
 One app's actions are carried out in order (its config maps exist before its pods are released); different
 apps' actions run side by side on a few threads, so an app whose slot was just freed is not refilled only
 after another app's whole batch of PATCHes (bench/refill.py measured that wait at ~200 ms). An app's run of
-consecutive gate removals is pipelined: its PATCHes go out side by side on the `writers` threads, which
-every app shares, and the app goes on once they are all answered (bench/gates.py). The client-side request
+consecutive gate removals is pipelined: once its first PATCH went through (an app whose writes are refused
+keeps sending one per backoff), the others go out side by side on the `writers` threads, which every app
+shares, and the app goes on once they are all answered (bench/gates.py). The client-side request
 budget (--kube-api-qps / --kube-api-burst) is the Kube's the actor is given. The actor's own state, the
 Event rate limiter and when each gated pod was first seen (fed by the cache's pod observers, read by the
 writers for the gate-removal latency), is under two leaf locks; an exception in one app's actions ends that
@@ -120,8 +121,11 @@ class Actor:
         for releases, run in itertools.groupby(actions, key=lambda a: isinstance(a, Release)):
             group = list(run)
             if releases and len(group) > 1:
+                # The first alone: an app whose writes are refused sends one per backoff, not a run.
                 if result.ok:
-                    for done in [self._writes.submit(self._attempt, action) for action in group]:
+                    result.add(self._attempt(group[0]))
+                if result.ok:
+                    for done in [self._writes.submit(self._attempt, action) for action in group[1:]]:
                         result.add(done.result())
                 continue
             for action in group:

@@ -3,6 +3,7 @@ stopping only its own app's releases."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from collections.abc import Iterator
@@ -66,18 +67,22 @@ def gates(cluster: Cluster, name: str) -> list[str]:
 
 
 def test_a_stale_release_stops_its_app_only_and_other_gates_stay(cluster: Cluster, actor: Actor) -> None:
-    """A run of releases goes out side by side, so a stale one does not hold back its siblings already sent;
-    the app's writes after the run are dropped (it is re-decided), its Events still go."""
+    """A run of releases goes out side by side once its first went through, so a stale one does not hold
+    back its siblings already sent; the app's writes after the run are dropped (it is re-decided), its
+    Events still go. When the first of a run fails, the rest is not sent."""
     a1, a2, a3, a4 = (gated_pod(cluster, "app-a", i) for i in (1, 2, 3, 4))
     b1, b2 = (gated_pod(cluster, "app-b", i) for i in (1, 2))
+    c1, c2 = (gated_pod(cluster, "app-c", i) for i in (1, 2))
     stale = replace(a2, gate_index=0)  # the `test` of the patch fails: 422
     actions: list[Action] = [Release(a1.app, a1), Release(a2.app, stale), Release(a3.app, a3)]
     noted = Event(a1.app, a1.name, a1.uid, "Normal", "Released", "released", "a/released")
     actions += [noted, DeletePod(a4.app, a4, DeletionReason.ID_REUSE), Release(a4.app, a4)]
     actions += [Release(b1.app, b1), Release(b2.app, b2)]
+    actions += [Release(c1.app, replace(c1, gate_index=0)), Release(c2.app, c2)]
     done = actor.submit(actions)
     results = {app: future.result() for app, future in done.items()}
-    assert {app: r.ok for app, r in results.items()} == {a1.app: False, b1.app: True}
+    assert {app: r.ok for app, r in results.items()} == {a1.app: False, b1.app: True, c1.app: False}
+    assert results[c1.app].released == [] and gates(cluster, c2.name) == ["other.io/gate", contract.GATE]
     assert results[a1.app].released == [a1.uid, a3.uid] and results[b1.app].released == [b1.uid, b2.uid]
     assert gates(cluster, a1.name) == gates(cluster, a3.name) == ["other.io/gate"]
     assert gates(cluster, a2.name) == ["other.io/gate", contract.GATE]  # the failed test changed nothing
@@ -89,14 +94,21 @@ def test_a_stale_release_stops_its_app_only_and_other_gates_stay(cluster: Cluste
 
 
 def test_an_apps_releases_are_pipelined_on_the_writers(cluster: Cluster) -> None:
-    """Six releases of one app are all in flight at once: each PATCH waits at a barrier of six before it is
-    sent (the budget's hook), which only six concurrent writers can pass; sent one after the other, the
-    first would wait there for good and the barrier would break (counting, not timing)."""
+    """Seven releases of one app: the first alone, then the other six all in flight at once: each of their
+    PATCHes waits at a barrier of six before it is sent (the budget's hook), which only six concurrent
+    writers can pass; sent one after the other, the first would wait there for good and the barrier would
+    break (counting, not timing)."""
     kube = Kube.from_kubeconfig(str(cluster.add_user(ALLOCATOR)))
     barrier = threading.Barrier(6, timeout=60)
-    actor = Actor(kube.limited(barrier.wait), "sparkgate-system", parallel_apps=1, writers=6)
+    calls = itertools.count()
+
+    def budget() -> None:
+        if next(calls) > 0:
+            barrier.wait()
+
+    actor = Actor(kube.limited(budget), "sparkgate-system", parallel_apps=1, writers=6)
     try:
-        pods = [gated_pod(cluster, "app-a", i) for i in range(1, 7)]
+        pods = [gated_pod(cluster, "app-a", i) for i in range(1, 8)]
         (done,) = actor.submit([Release(p.app, p) for p in pods]).values()
         assert done.result().released == [p.uid for p in pods]
         assert all(gates(cluster, p.name) == ["other.io/gate"] for p in pods)
