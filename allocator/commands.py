@@ -85,11 +85,11 @@ def register(subparsers: Any) -> None:
     a.add_argument(
         "--kube-api-qps",
         type=float,
-        default=50.0,
+        default=100.0,
         help="the allocator's writes (gate removals, config maps, deletions, events) per second, on average",
     )
     a.add_argument(
-        "--kube-api-burst", type=int, default=100, help="the allocator's writes sent at once, above the QPS"
+        "--kube-api-burst", type=int, default=200, help="the allocator's writes sent at once, above the QPS"
     )
     a.add_argument(
         "--probe-interval",

@@ -169,5 +169,5 @@ def test_a_write_budget_that_cannot_hand_out_tokens_is_refused_at_start(
     assert main(["allocator", "--kube-api-qps", "0", "--kubeconfig", "/nonexistent"]) == 2
     assert capsys.readouterr().err == (
         "sparkgate allocator: --kube-api-qps, --kube-api-burst: a token bucket needs qps > 0 and burst >= 1, "
-        "got qps 0.0, burst 100\n"
+        "got qps 0.0, burst 200\n"
     )
