@@ -20,15 +20,22 @@ the next leader decides them again from the cluster.
 
 One app's actions are carried out in order (its config maps exist before its pods are released); different
 apps' actions run side by side on a few threads, so an app whose slot was just freed is not refilled only
-after another app's whole batch of PATCHes (bench/refill.py measured that wait at ~200 ms). The actor's own
-state, the Event recorder, is under the recorder's own leaf lock; an exception in one app's actions ends that
+after another app's whole batch of PATCHes (bench/refill.py measured that wait at ~200 ms). An app's run of
+consecutive gate removals is pipelined: once its first PATCH went through (an app whose writes are refused
+keeps sending one per backoff), the others go out side by side on the `writers` threads, which every app
+shares, and the app goes on once they are all answered (bench/gates.py). The client-side request
+budget (--kube-api-qps / --kube-api-burst) is the Kube's the actor is given. The actor's own state, the
+Event recorder and when each gated pod was first seen (fed by the cache's pod observers, read by the
+writers for the gate-removal latency), is under two leaf locks; an exception in one app's actions ends that
 app's future, never another app's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,9 +47,12 @@ from sparkgate.contract import AppKey
 from sparkgate.events import EventRecorder
 from sparkgate.kube import Conflict, Invalid, Kube, KubeError, NotFound, NotLeading
 
-from .model import Action, CreateConfigMap, DeleteConfigMap, DeletePod, Event, Release
+from .model import Action, CreateConfigMap, DeleteConfigMap, DeletePod, Event, PodRecord, Release
 
 log = logging.getLogger(__name__)
+
+PARALLEL_APPS = 8  # apps whose actions are carried out at once
+WRITERS = 16  # gate-removal PATCHes in flight at once, all apps together
 
 
 @dataclass
@@ -55,6 +65,12 @@ class AppResult:
     released: list[str] = field(default_factory=list)
     wrote: bool = False
     dropped: bool = False
+
+    def add(self, other: AppResult) -> None:
+        self.ok &= other.ok
+        self.released += other.released
+        self.wrote |= other.wrote
+        self.dropped |= other.dropped
 
     @property
     def outcome(self) -> bool | None:
@@ -78,7 +94,10 @@ class Actor:
         clock: Callable[[], float] = time.time,
         on_release: Callable[[Release, float], None] | None = None,
         on_delete: Callable[[DeletePod], None] | None = None,
-        parallel_apps: int = 8,
+        parallel_apps: int = PARALLEL_APPS,
+        writers: int = WRITERS,
+        monotonic: Callable[[], float] = time.monotonic,
+        on_gate_removed: Callable[[float], None] | None = None,
     ) -> None:
         self.kube = kube.gated(leading)
         self.install_namespace = install_namespace
@@ -88,6 +107,11 @@ class Actor:
         self.on_delete = on_delete
         self.events = EventRecorder(self.kube, identity=identity, clock=clock)
         self._pool = ThreadPoolExecutor(max_workers=parallel_apps, thread_name_prefix="actor")
+        self._writes = ThreadPoolExecutor(max_workers=writers, thread_name_prefix="actor-write")
+        self.monotonic = monotonic
+        self.on_gate_removed = on_gate_removed  # seconds from a gated pod first seen to its gate's removal
+        self._seen_lock = threading.Lock()
+        self._seen: dict[str, float] = {}  # uid of each gated pod -> when the cache first showed it
 
     def submit(self, actions: Iterable[Action]) -> dict[AppKey, Future[AppResult]]:
         """Start carrying out `actions`, each app's in order, apps side by side; each app's future says
@@ -98,37 +122,65 @@ class Actor:
         return {app: self._pool.submit(self._app, group) for app, group in by_app.items()}
 
     def _app(self, actions: list[Action]) -> AppResult:
-        """One app's actions in order; not ok when one was stale or failed. After that, the app's remaining
-        writes are dropped (its state is re-read and re-decided after its backoff, never blindly retried),
-        and so are its releases when its config map could not be created (its pods would not start)."""
+        """One app's actions in order, a run of releases side by side; not ok when one was stale or failed.
+        After that, the app's remaining writes are dropped (its state is re-read and re-decided after its
+        backoff, never blindly retried), and so are its releases when its config map could not be created
+        (its pods would not start)."""
         result = AppResult()
-        for action in actions:
-            if not result.ok and not isinstance(action, Event):
-                continue
-            try:
-                self._one(action)
-                if isinstance(action, Release):
-                    result.released.append(action.pod.uid)
-                result.wrote |= not isinstance(action, Event)
-            except NotLeading:
-                log.info("not the leader any more: %s's remaining actions dropped", action.app)
-                result.dropped = True
+        for releases, run in itertools.groupby(actions, key=lambda a: isinstance(a, Release)):
+            if result.dropped:
+                log.info("not the leader any more: %s's remaining actions dropped", actions[0].app)
                 break
-            except (Conflict, Invalid, NotFound) as e:
-                log.info(
-                    "%s for %s was stale (%s); re-deciding",
-                    type(action).__name__,
-                    action.app,
-                    e.reason or e.status,
-                )
-                result.ok = False
-            except KubeError as e:
-                log.warning("%s for %s failed: %s", type(action).__name__, action.app, e)
-                result.ok = False
+            group = list(run)
+            if releases and len(group) > 1:
+                # The first alone: an app whose writes are refused sends one per backoff, not a run.
+                if result.ok:
+                    result.add(self._attempt(group[0]))
+                if result.ok and not result.dropped:
+                    for done in [self._writes.submit(self._attempt, action) for action in group[1:]]:
+                        result.add(done.result())
+                continue
+            for action in group:
+                if result.dropped:
+                    break
+                if result.ok or isinstance(action, Event):
+                    result.add(self._attempt(action))
         return result
+
+    def _attempt(self, action: Action) -> AppResult:
+        """One action, and how it went."""
+        result = AppResult()
+        try:
+            self._one(action)
+            if isinstance(action, Release):
+                result.released.append(action.pod.uid)
+            result.wrote = not isinstance(action, Event)
+        except NotLeading:
+            result.dropped = True  # not sent: the next leader decides it again from the cluster
+        except (Conflict, Invalid, NotFound) as e:
+            log.info(
+                "%s for %s was stale (%s); re-deciding",
+                type(action).__name__,
+                action.app,
+                e.reason or e.status,
+            )
+            result.ok = False
+        except KubeError as e:
+            log.warning("%s for %s failed: %s", type(action).__name__, action.app, e)
+            result.ok = False
+        return result
+
+    def observe(self, old: PodRecord | None, new: PodRecord | None) -> None:
+        """A pod observer of the cache: when each gated pod was first seen, until its gate is gone."""
+        with self._seen_lock:
+            if old is not None and (new is None or not new.gated or new.uid != old.uid):
+                self._seen.pop(old.uid, None)
+            if new is not None and new.gated:
+                self._seen.setdefault(new.uid, self.monotonic())
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self._writes.shutdown(wait=True)
 
     def _one(self, action: Action) -> None:
         if isinstance(action, Release):
@@ -152,11 +204,15 @@ class Actor:
         pod = action.pod
         if pod.gate_index is None:
             raise NotFound(404, "NotGated", f"pod {pod.name} carries no sparkgate gate")
+        with self._seen_lock:  # read before the PATCH: its watch event may be observed before it returns
+            seen = self._seen.get(pod.uid)
         self.kube.patch(
             f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
             contract.gate_removal(pod.gate_index),
             "application/json-patch+json",
         )
+        if seen is not None and self.on_gate_removed is not None:
+            self.on_gate_removed(max(0.0, self.monotonic() - seen))
         if self.on_release is not None:
             self.on_release(action, self.clock())
 

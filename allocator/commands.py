@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from sparkgate.kube import Kube
     from sparkgate.leader import LeaderTask
     from sparkgate.policy_file import PolicySource
+    from sparkgate.ratelimit import TokenBucket
 
     from .extender import Extender
     from .loop import Controller, Options
@@ -82,6 +83,15 @@ def register(subparsers: Any) -> None:
     )
     add_target_options(a)
     a.add_argument("--log-level", default=env("SPARKGATE_LOG_LEVEL", "info"))
+    a.add_argument(
+        "--kube-api-qps",
+        type=float,
+        default=100.0,
+        help="the allocator's writes (gate removals, config maps, deletions, events) per second, on average",
+    )
+    a.add_argument(
+        "--kube-api-burst", type=int, default=200, help="the allocator's writes sent at once, above the QPS"
+    )
     a.add_argument(
         "--probe-interval",
         type=float,
@@ -151,6 +161,7 @@ def assemble(
     probe_interval: float = 0.0,
     probe_max_dry_runs: int = 100,
     stop: threading.Event | None = None,
+    write_budget: TokenBucket | None = None,
 ) -> Allocator:
     """The allocator's parts and who feeds whom (the threading model is in allocator/loop.py):
     reflectors -> cache -> (work queue, expectations, release-to-bind times, gone pods) -> loop -> actor."""
@@ -201,14 +212,18 @@ def assemble(
     placement = Placement()
     # The one place where every executor pod change is observed: add observers here.
     cache.pod_observers += [expectations.observe, bind_times.observe, placement.observe]
+    # The actor's writes wait for the client-side budget; watches, the Lease and the histories do not.
+    writes = kube if write_budget is None else kube.limited(write_budget.wait)
     actor = Actor(
-        kube,
+        writes,
         options.install_namespace,
         leading=lambda: elector.leading,
         identity=options.identity,
         on_release=lambda action, at: parts["controller"].on_release(action, at),
         on_delete=lambda action: parts["controller"].on_delete(action),
+        on_gate_removed=metrics.gate_removal.observe,
     )
+    cache.pod_observers.append(actor.observe)
 
     def driver_event(kind: str, obj: dict[str, Any]) -> None:  # one drivers' watch feeds both
         cache.driver_event(kind, obj)
@@ -328,7 +343,9 @@ def run_allocator(args: argparse.Namespace) -> int:
     from certs.commands import target_from
     from sparkgate.kube import Kube
     from sparkgate.policy_file import PolicySource
+    from sparkgate.ratelimit import TokenBucket
 
+    from .actor import PARALLEL_APPS, WRITERS
     from .http import StatusServer
     from .loop import Options
     from .metrics import AllocatorMetrics
@@ -336,10 +353,18 @@ def run_allocator(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    try:
+        budget = TokenBucket(args.kube_api_qps, args.kube_api_burst)
+    except ValueError as e:
+        print(f"sparkgate allocator: --kube-api-qps, --kube-api-burst: {e}", file=sys.stderr)
+        return 2
     metrics = AllocatorMetrics()
+    # One connection for each thread that may send at once: the actor's apps and writers, the 5 watches,
+    # the Lease, the histories, the policy probe and certificate rotation, and a spare.
     kube = Kube.from_kubeconfig(
         args.kubeconfig,
         on_request=lambda verb, resource, code: metrics.api_requests.labels(verb, resource, str(code)).inc(),
+        pool_size=PARALLEL_APPS + WRITERS + 10,
     )
     policy = PolicySource(args.policy, args.namespace, on_reload=metrics.on_reload)
     options = Options(
@@ -364,6 +389,7 @@ def run_allocator(args: argparse.Namespace) -> int:
             certs_interval=args.certs_interval,
             probe_interval=args.probe_interval,
             probe_max_dry_runs=args.probe_max_dry_runs,
+            write_budget=budget,
         )
     except ValueError as e:  # durations the elector refuses (sparkgate/leader.py)
         print(f"sparkgate allocator: {e}", file=sys.stderr)

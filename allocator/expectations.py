@@ -30,6 +30,10 @@ class Expectations:
         self._lock = threading.Lock()
         self._released: dict[str, float] = {}  # uid -> when the gate removal was dispatched
         self._deleted: dict[str, float] = {}  # uid -> when the delete succeeded
+        # The loop thread's own (apply): uid -> (the cache's record, what is expected of it, its expected
+        # copy), so that a step while thousands of removals are unseen does not copy each record again
+        # (bench/gates.py: 42 % of the allocator's time went to those copies).
+        self._copies: dict[str, tuple[PodRecord, tuple[bool, bool], PodRecord]] = {}
 
     def released(self, uids: Iterable[str]) -> None:
         now = self.monotonic()
@@ -64,6 +68,8 @@ class Expectations:
                 for uid in [u for u, at in table.items() if now - at > self.expiry]:
                     del table[uid]
             released, deleted = set(self._released), set(self._deleted)
+        if len(self._copies) > len(released) + len(deleted):
+            self._copies = {u: c for u, c in self._copies.items() if u in released or u in deleted}
         if not released and not deleted:
             return snapshot
         apps = dict(snapshot.apps)
@@ -71,8 +77,19 @@ class Expectations:
             if any(
                 (p.gated and p.uid in released) or (not p.deleting and p.uid in deleted) for p in view.pods
             ):
-                apps[key] = replace(view, pods=tuple(_expected(p, released, deleted) for p in view.pods))
+                apps[key] = replace(view, pods=tuple(self._expected(p, released, deleted) for p in view.pods))
         return Snapshot(apps, snapshot.sources)
+
+    def _expected(self, pod: PodRecord, released: set[str], deleted: set[str]) -> PodRecord:
+        change = (pod.gated and pod.uid in released, not pod.deleting and pod.uid in deleted)
+        if change == (False, False):
+            return pod
+        known = self._copies.get(pod.uid)
+        if known is not None and known[0] is pod and known[1] == change:
+            return known[2]
+        copy = _expected(pod, released, deleted)
+        self._copies[pod.uid] = (pod, change, copy)
+        return copy
 
     def __len__(self) -> int:
         with self._lock:

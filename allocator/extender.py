@@ -18,7 +18,14 @@ counted); when only the nodes that fit the pod now are, the pod waits for room o
 Prioritize (docs/policy.md "Scoring"): `packing: app` gives 10 x executors of the app on the node / the most
 on any node (0 on nodes without any), `spread` the complement; `driverZone: prefer` gives 10 in the driver's
 zone, 0 elsewhere; both together: 6 + packing x 4/10 in the driver's zone, packing x 4/10 elsewhere, so the
-zone wins while it has room. A pod that is not a Spark executor keeps every node and scores 0 everywhere.
+zone wins while it has room. Failures lower a node's score long before the filter refuses it: when some
+candidate node has recent failures (of the pod's app, or of any app), each node's risk r is the larger of
+the app's failures there / failuresPerApp and the apps failed there / suspectNodeApps; a node with r = 0
+scores 7 + round(preference x 3/10), one with r > 0 floor(5 x (1 - r)), so the healthy nodes win by at
+least 3 (150 of kube-scheduler's points at weight 5: more than any one of its plugins can give) and a
+node emptied by its failures no longer draws the next executors (issue 20: on a real cluster, seven
+executors of one app were bound to an OOM-killing node before its third failure was seen).
+A pod that is not a Spark executor keeps every node and scores 0 everywhere.
 """
 
 from __future__ import annotations
@@ -40,6 +47,13 @@ from .metrics import AllocatorMetrics
 from .placement import Failure, Placement
 
 MAX_EXTENDER_PRIORITY = 10
+HEALTHY_SCORE = 7  # the lowest score of a node without recent failures, while some candidate has them
+FAILING_SCORE = 5  # a node with failures scores floor(5 x (1 - risk)): at most 4, 3 below any healthy node
+# A healthy node's score by its preference p while some candidate has failures: 7 + round(p x 3/10).
+_HEALTHY = tuple(
+    HEALTHY_SCORE + round(p * (MAX_EXTENDER_PRIORITY - HEALTHY_SCORE) / MAX_EXTENDER_PRIORITY)
+    for p in range(MAX_EXTENDER_PRIORITY + 1)
+)
 VERBS = ("filter", "prioritize")
 Obj = dict[str, Any]
 
@@ -89,27 +103,39 @@ def _category(failures: Sequence[Failure]) -> str:
 
 def suspect_nodes(
     failures: Mapping[str, Sequence[Failure]], cluster: Scheduling, now: float
-) -> tuple[dict[str, Exclusion], float]:
+) -> tuple[dict[str, Exclusion], dict[str, int], float]:
     """The nodes refused to every app (`cluster`: the top-level settings; `failures` by node, `now` on their
-    monotonic clock), and until when that answer holds if no failure comes: when the oldest one leaves the
-    window."""
+    monotonic clock), how many apps failed on each node within the window, and until when that answer holds
+    if no failure comes: when the oldest one leaves the window."""
     out: dict[str, Exclusion] = {}
+    counts: dict[str, int] = {}
     since = now - cluster.failure_window_seconds
     oldest = now
     for node, seen in failures.items():
         recent = [f for f in seen if f.at >= since]
-        if recent:
-            oldest = min(oldest, recent[0].at)
-        apps = {f.app for f in recent}
-        if len(apps) >= cluster.suspect_node_apps:
+        if not recent:
+            continue
+        oldest = min(oldest, recent[0].at)
+        apps = counts[node] = len({f.app for f in recent})
+        if apps >= cluster.suspect_node_apps:
             out[node] = Exclusion(
                 node,
                 "node",
                 _category(recent),
-                f"sparkgate: executors of {len(apps)} apps failed here in the last "
+                f"sparkgate: executors of {apps} apps failed here in the last "
                 f"{duration(cluster.failure_window_seconds)} (suspect node: {_kinds(recent)})",
             )
-    return out, oldest + cluster.failure_window_seconds
+    return out, counts, oldest + cluster.failure_window_seconds
+
+
+def _own_by_node(own: Sequence[Failure], settings: Scheduling, now: float) -> dict[str, list[Failure]]:
+    """The app's own failures (`own`) within its window, by node."""
+    since = now - settings.failure_window_seconds
+    by_node: dict[str, list[Failure]] = {}
+    for f in own:
+        if f.at >= since:
+            by_node.setdefault(f.node, []).append(f)
+    return by_node
 
 
 def exclusions(
@@ -117,13 +143,8 @@ def exclusions(
 ) -> dict[str, Exclusion]:
     """The nodes refused to an executor of `app`: where `settings.failures_per_app` of its own failures
     (`own`) happened within its window, then the suspect nodes."""
-    since = now - settings.failure_window_seconds
-    by_node: dict[str, list[Failure]] = {}
-    for f in own:
-        if f.at >= since:
-            by_node.setdefault(f.node, []).append(f)
     out = dict(suspect)
-    for node, failed in by_node.items():
+    for node, failed in _own_by_node(own, settings, now).items():
         if len(failed) >= settings.failures_per_app:
             out[node] = Exclusion(
                 node,
@@ -132,6 +153,28 @@ def exclusions(
                 f"sparkgate: {len(failed)} executors of {short_app(app)} failed here in the last "
                 f"{duration(settings.failure_window_seconds)} ({_kinds(failed)})",
             )
+    return out
+
+
+def failing_scores(
+    own: Sequence[Failure],
+    apps: Mapping[str, int],
+    settings: Scheduling,
+    cluster: Scheduling,
+    now: float,
+) -> dict[str, int]:
+    """The score of each node with recent failures, floor(5 x (1 - r)) (module docstring), r the larger of
+    the app's own failures there / `failuresPerApp` (its profile's window) and the apps failed there (`apps`,
+    from suspect_nodes) / `suspectNodeApps` (the top-level window); r is at most 1, where the filter refuses
+    the node. In integers: min over both of 5 x (N - k) // N."""
+
+    def score(k: int, n: int) -> int:
+        return FAILING_SCORE * (n - min(k, n)) // n
+
+    out = {node: score(k, cluster.suspect_node_apps) for node, k in apps.items()}
+    for node, failed in _own_by_node(own, settings, now).items():
+        mine = score(len(failed), settings.failures_per_app)
+        out[node] = min(out.get(node, mine), mine)
     return out
 
 
@@ -160,9 +203,25 @@ def scores(
     executors: Mapping[str, int],
     zones: Mapping[str, str],
     driver_zone: str | None,
+    failing: Mapping[str, int] | None = None,
 ) -> list[tuple[str, int]]:
     """Each node's score, 0..10 (module docstring). Only the few nodes that run the app's executors have a
-    score of their own; every other node scores by its zone alone."""
+    score of their own; every other node scores by its zone alone. When some candidate has recent failures
+    (`failing`: their scores, from failing_scores), the healthy nodes score 7 to 10 by that preference."""
+    preferred = _preferences(names, settings, executors, zones, driver_zone)
+    if not failing or failing.keys().isdisjoint(n for n, _ in preferred):
+        return preferred
+    return [(n, failing[n] if n in failing else _HEALTHY[p]) for n, p in preferred]
+
+
+def _preferences(
+    names: Iterable[str],
+    settings: Scheduling,
+    executors: Mapping[str, int],
+    zones: Mapping[str, str],
+    driver_zone: str | None,
+) -> list[tuple[str, int]]:
+    """Each node's score by the profile's preferences alone (packing, driverZone)."""
     names = list(names)
     packing = settings.packing != "none"
     zone = settings.driver_zone == "prefer" and driver_zone is not None
@@ -254,7 +313,10 @@ class Extender:
         self.policy = policy
         self.metrics = metrics
         self.perf_counter = perf_counter
-        self._suspect: tuple[tuple[int, Scheduling], float, dict[str, Exclusion]] | None = None
+        # (placement version and top-level settings, valid until, suspect nodes, apps failed per node)
+        self._suspect: tuple[tuple[int, Scheduling], float, dict[str, Exclusion], dict[str, int]] | None = (
+            None
+        )
         self._hosts: dict[str, str] = {}  # node name -> the start of its HostPriority in JSON
 
     def handle(self, verb: str, body: bytes) -> tuple[int, bytes]:
@@ -294,25 +356,29 @@ class Extender:
                 hosts[name] = '{"Host":' + encode_basestring(name) + ',"Score":'
         return ("[" + ",".join([hosts[n] + _SCORES[s] for n, s in scored]) + "]").encode()
 
-    def suspect(self, policy: Policy) -> dict[str, Exclusion]:
+    def suspect(self, policy: Policy) -> tuple[dict[str, Exclusion], dict[str, int]]:
+        """The suspect nodes and how many apps failed on each node (suspect_nodes), cached."""
         cluster = policy.scheduling
         key = (self.placement.version, cluster)
         cached = self._suspect
         now = self.placement.monotonic()
         if cached is not None and cached[0] == key and now < cached[1]:
-            return cached[2]
-        found, valid_until = suspect_nodes(
+            return cached[2], cached[3]
+        found, apps, valid_until = suspect_nodes(
             self.placement.failures(cluster.failure_window_seconds), cluster, now
         )
-        self._suspect = (key, valid_until, found)
-        return found
+        self._suspect = (key, valid_until, found, apps)
+        return found, apps
+
+    def own_failures(self, app: AppKey, settings: Scheduling, policy: Policy) -> list[Failure]:
+        window = max(settings.failure_window_seconds, policy.scheduling.failure_window_seconds)
+        self.placement.retention = max(self.placement.retention, window)
+        return self.placement.app_failures(app, settings.failure_window_seconds)
 
     def excluded(self, app: AppKey, profile: str | None, policy: Policy) -> dict[str, Exclusion]:
         settings = policy.scheduling_for(profile)
-        window = max(settings.failure_window_seconds, policy.scheduling.failure_window_seconds)
-        self.placement.retention = max(self.placement.retention, window)
-        own = self.placement.app_failures(app, settings.failure_window_seconds)
-        return exclusions(own, app, settings, self.suspect(policy), self.placement.monotonic())
+        own = self.own_failures(app, settings, policy)
+        return exclusions(own, app, settings, self.suspect(policy)[0], self.placement.monotonic())
 
     def filter(self, args: Args, app: AppKey, policy: Policy) -> tuple[Obj, bool]:
         excluded = self.excluded(app, args.profile, policy)
@@ -328,7 +394,10 @@ class Extender:
         settings = policy.scheduling_for(args.profile)
         zone = self.placement.driver_zone(app) if settings.driver_zone == "prefer" else None
         executors = self.placement.executors(app) if settings.packing != "none" else {}
-        return scores(args.names, settings, executors, self.placement.zones(), zone)
+        own = self.own_failures(app, settings, policy)
+        now = self.placement.monotonic()
+        failing = failing_scores(own, self.suspect(policy)[1], settings, policy.scheduling, now)
+        return scores(args.names, settings, executors, self.placement.zones(), zone, failing)
 
     def app_document(self, app: AppKey, profile: str | None) -> list[Obj]:
         """The app's refused nodes and why, for /apps and /apps/<namespace>/<app id>."""

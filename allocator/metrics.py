@@ -72,6 +72,13 @@ class AllocatorMetrics:
             buckets=FAST_BUCKETS,
             registry=r,
         )
+        self.gate_removal = Histogram(
+            "sparkgate_allocator_gate_removal_seconds",
+            "Time from the watch event that first showed a gated executor pod to the API server accepting the "
+            "PATCH that removed its gate (the wait for room under the limits included).",
+            buckets=FAST_BUCKETS,
+            registry=r,
+        )
         self.limit_hits = Counter(
             "sparkgate_allocator_limit_hits",
             "Decisions where a limit bound the release, by scope.",

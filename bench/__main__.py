@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from . import admission, common, extender, kubesim_policy, refill, scale, value
+from . import admission, common, extender, gates, kubesim_policy, refill, scale, value
 from .common import Benchmark, Row
 
 BENCHMARKS: dict[str, Benchmark] = {
@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "value": value,
     "extender": extender,
     "kubesim_policy": kubesim_policy,
+    "gates": gates,
 }
 
 

@@ -8,7 +8,9 @@ as paths and dicts here; bodies are JSON. 429, 5xx and connection errors are ret
 backoff and jitter (honouring Retry-After); 409 and 422 are never retried: they mean "re-read and
 re-decide", so they surface as `Conflict` and `Invalid`. A client made for the leader's writes (`gated`)
 checks leadership before every write attempt, retries included, and refuses with `NotLeading` instead of
-sending once it has lapsed (sparkgate/leader.py).
+sending once it has lapsed (sparkgate/leader.py). A `limited` copy waits for a client-side budget (sparkgate/ratelimit.py)
+before each attempt; a copy can be both (`kube.gated(leading).limited(wait)`): the budget is waited for
+first, then leadership is asked, so a lapse during the wait is caught.
 
 Threading: a `Kube` is shared by every thread (urllib3's pool is thread-safe; its own fields never change
 after construction). A `Reflector` runs in its own thread and owns its resourceVersion and backoff.
@@ -72,14 +74,17 @@ _BY_STATUS: dict[int, type[KubeError]] = {404: NotFound, 409: Conflict, 410: Gon
 _RETRIABLE = {429, 500, 502, 503, 504}
 
 
-def api_client(kubeconfig: str | None) -> k8s.ApiClient:
-    """One ApiClient from a kubeconfig file, or the in-cluster service account when None."""
+def api_client(kubeconfig: str | None, *, pool_size: int = 16) -> k8s.ApiClient:
+    """One ApiClient from a kubeconfig file, or the in-cluster service account when None. `pool_size`: the
+    connections its urllib3 pool keeps to the API server; a thread that finds them all busy opens one more
+    and it is closed after its request (a new TCP and TLS handshake each time), so it should be at least
+    the number of threads that send requests at once, long-running watches included."""
     configuration = k8s.Configuration()
     if kubeconfig:
         k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
         k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    configuration.connection_pool_maxsize = 16
+    configuration.connection_pool_maxsize = pool_size
     # urllib3's default Retry would re-send a 429/503 with Retry-After by itself (sleeping unjittered, unseen
     # by the request hook) and re-send after a dropped connection; Kube.request owns retries.
     configuration.retries = False
@@ -127,8 +132,10 @@ class Kube:
         timeout: float = 30.0,
         sleep: Callable[[float], None] = time.sleep,
         rand: Callable[[], float] = random.random,
+        limiter: Callable[[], object] | None = None,
     ) -> None:
         self.api = api
+        self.limiter = limiter  # called before each attempt: waits for the client-side budget
         self.host = api.configuration.host.rstrip("/")
         self.on_request = on_request
         self.max_attempts = max_attempts
@@ -147,8 +154,15 @@ class Kube:
         return clone
 
     @classmethod
-    def from_kubeconfig(cls, kubeconfig: str | None, **kwargs: Any) -> Kube:
-        return cls(api_client(kubeconfig), **kwargs)
+    def from_kubeconfig(cls, kubeconfig: str | None, *, pool_size: int = 16, **kwargs: Any) -> Kube:
+        return cls(api_client(kubeconfig, pool_size=pool_size), **kwargs)
+
+    def limited(self, limiter: Callable[[], object]) -> Kube:
+        """The same client (connections, retries, request hook) with every request attempt waiting for
+        `limiter` first (a TokenBucket's `wait`: sparkgate/ratelimit.py). Close the original, not this."""
+        clone = copy.copy(self)
+        clone.limiter = limiter
+        return clone
 
     def close(self) -> None:
         self.api.close()  # type: ignore[no-untyped-call]
@@ -196,6 +210,8 @@ class Kube:
         while True:
             attempt += 1
             status, retry_after = 0, None
+            if self.limiter is not None:
+                self.limiter()
             if self._gate is not None and method != "GET" and not self._gate():
                 raise NotLeading(0, "NotLeading", f"{method} {path} not sent: this replica does not lead")
             try:

@@ -13,7 +13,15 @@ from typing import Any
 import pytest
 
 from allocator.cache import pod_record
-from allocator.extender import Extender, exclusions, filter_nodes, parse_args, scores, suspect_nodes
+from allocator.extender import (
+    Extender,
+    exclusions,
+    failing_scores,
+    filter_nodes,
+    parse_args,
+    scores,
+    suspect_nodes,
+)
 from allocator.metrics import AllocatorMetrics
 from allocator.model import PodRecord
 from allocator.placement import Placement
@@ -84,7 +92,7 @@ def answer(extender: Extender, verb: str, body: bytes) -> tuple[int, Any]:
 
 def refusing(placement: Placement, app: AppKey, settings: Scheduling, now: float) -> dict[str, Any]:
     """exclusions() as the extender composes them: the app's own failures, then the suspect nodes."""
-    suspect, _ = suspect_nodes(placement.failures(600), settings, now)
+    suspect, _, _ = suspect_nodes(placement.failures(600), settings, now)
     return exclusions(placement.app_failures(app, 600), app, settings, suspect, now)
 
 
@@ -208,6 +216,54 @@ def test_scores_by_packing_and_driver_zone() -> None:
     assert scores(names, Scheduling(), executors, zones, "b") == [(n, 0) for n in names]
 
 
+def test_a_failing_node_scores_lower_from_its_first_failure_until_the_window_ends(clock: Clock) -> None:
+    """failuresPerApp 3, suspectNodeApps 3: one failure of the app puts n1 a third of the way to its
+    exclusion (floor(5 x 2/3) = 3) below every healthy node (7); a failure of another app lowers n2 for
+    every app; the scores come back once the failures are older than the window."""
+    placement = Placement(monotonic=clock)
+    cluster = settings = Scheduling(failures_per_app=3, suspect_node_apps=3, failure_window_seconds=600)
+    names = ["n1", "n2", "n3"]
+
+    def scored(app: AppKey, settings: Scheduling = settings, executors: dict[str, int] | None = None) -> Any:
+        _, apps, _ = suspect_nodes(placement.failures(600), cluster, clock.now)
+        failing = failing_scores(placement.app_failures(app, 600), apps, settings, cluster, clock.now)
+        return scores(names, settings, executors or {}, {}, None, failing)
+
+    assert scored(A) == [("n1", 0), ("n2", 0), ("n3", 0)], "no failure: neutral, as before"
+    fail(placement, A, "a1", "n1", reason="OOMKilled", exit_code=137)
+    assert scored(A) == [("n1", 3), ("n2", 7), ("n3", 7)]
+    assert scored(B) == [("n1", 3), ("n2", 7), ("n3", 7)], "1 app of 3 failed there: every app's risk"
+    clock.now += 10
+    fail(placement, A, "a2", "n1", exit_code=137)
+    assert scored(A) == [("n1", 1), ("n2", 7), ("n3", 7)], "2 of 3: floor(5 x 1/3)"
+    assert scored(B) == [("n1", 3), ("n2", 7), ("n3", 7)], "still 1 app of 3 for app b"
+    fail(placement, B, "b1", "n2", reason="Evicted", exit_code=137)
+    assert scored(C) == [("n1", 3), ("n2", 3), ("n3", 7)]
+    # Preferences order the healthy nodes within 7..10 and never lift a failing node above them.
+    spread = replace(settings, packing="spread")
+    assert scored(A, spread, {"n2": 2, "n3": 4}) == [("n1", 1), ("n2", 3), ("n3", 7)]
+    assert scored(C, spread, {"n3": 4}) == [("n1", 3), ("n2", 3), ("n3", 7)]
+    pack = replace(settings, packing="app")
+    fail(placement, C, "c1", "n1", exit_code=1)
+    assert scored(B, pack, {"n3": 1}) == [("n1", 1), ("n2", 3), ("n3", 10)], "n1: 2 apps of 3"
+    # A stricter profile: its own failures weigh more (1 of 2: floor(5 x 1/2) = 2).
+    strict = replace(settings, failures_per_app=2)
+    assert scored(B, strict) == [("n1", 1), ("n2", 2), ("n3", 7)]
+    clock.now += 591  # a1 is 601 s old, a2 591 s: only a2, b1, c1 count
+    assert scored(A) == [("n1", 1), ("n2", 3), ("n3", 7)]
+    clock.now += 10
+    assert scored(A) == [("n1", 0), ("n2", 0), ("n3", 0)], "every failure left the window"
+
+
+def test_a_node_refused_to_every_app_but_kept_by_the_fallback_scores_0(clock: Clock) -> None:
+    """At its exclusion (r = 1) a node scores 0: when the filter kept every node (all refused), the ones
+    with fewer failures still win."""
+    settings = Scheduling(failures_per_app=1, suspect_node_apps=5)
+    failing = failing_scores([], {"n1": 2, "n2": 7}, settings, settings, clock.now)
+    assert failing == {"n1": 3, "n2": 0}, "floor(5 x 3/5); r = 7/5 counts as 1"
+    assert scores(["n1", "n2", "n3"], settings, {}, {}, None, failing) == [("n1", 3), ("n2", 0), ("n3", 7)]
+
+
 def test_the_protocol_answers_filter_and_prioritize(extender: Extender, placement: Placement) -> None:
     fail(placement, A, "a1", "n1", reason="OOMKilled", exit_code=137)
     fail(placement, A, "a2", "n1", reason="OOMKilled", exit_code=137)
@@ -232,6 +288,8 @@ def test_the_protocol_answers_filter_and_prioritize(extender: Extender, placemen
     }
     code, result = answer(extender, "prioritize", args(A, ["n2", "n3"]))
     assert code == 200 and result == [{"Host": "n2", "Score": 10}, {"Host": "n3", "Score": 0}]
+    code, result = answer(extender, "prioritize", args(A, ["n1", "n2", "n3"]))  # as after a fallback
+    assert result == [{"Host": "n1", "Score": 0}, {"Host": "n2", "Score": 10}, {"Host": "n3", "Score": 7}]
     code, result = answer(extender, "filter", args(A, ["n1", "n2"], profile="wide"))
     assert result["NodeNames"] == ["n1", "n2"], "the profile allows 5 failures"
     assert extender.app_document(A, "spark")[0]["node"] == "n1"

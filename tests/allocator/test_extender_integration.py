@@ -96,8 +96,8 @@ class Bindings:
 
 @pytest.fixture
 def start(tmp_path: Path) -> Iterator[Any]:
-    """start(nodes=[(name, cpu, zone)], scheduling=..., profile=..., batch=1) -> (cluster, allocator,
-    bindings); after the test, no extender error may have happened on the overlay's profile."""
+    """start(nodes=[(name, cpu, zone)], scheduling=..., profile=..., batch=1, prioritize=True) -> (cluster,
+    allocator, bindings); after the test, no extender error may have happened on the overlay's profile."""
     systems: list[LocalSystem] = []
     recorders: list[Bindings] = []
 
@@ -107,6 +107,7 @@ def start(tmp_path: Path) -> Iterator[Any]:
         scheduling: str = "{}",
         profile: str = "{}",
         batch: int = 1,
+        prioritize: bool = True,
     ) -> tuple[Cluster, AllocatorProcess, Bindings]:
         policy = tmp_path / "policy.yaml"
         policy.write_text(POLICY.format(batch=batch, scheduling=scheduling, profile=profile))
@@ -120,10 +121,12 @@ def start(tmp_path: Path) -> Iterator[Any]:
         system.start()
         assert system.allocator is not None
         # The overlay's own extender, its urlPrefix pointed at this allocator, made strict and patient: a
-        # slow answer is waited for, an error is a SchedulerError (see the module docstring).
+        # slow answer is waited for, an error is a SchedulerError (see the module docstring). Without
+        # `prioritize`, kube-scheduler asks sparkgate's filter only.
         name, extenders = overlay_profile(f"{system.allocator.url}/scheduler")
+        verb = {} if prioritize else {"prioritize_verb": ""}
         system.cluster.scheduler.add_profile(
-            name, [replace(e, ignorable=False, http_timeout=30.0) for e in extenders]
+            name, [replace(e, ignorable=False, http_timeout=30.0, **verb) for e in extenders]
         )
         recorders.append(Bindings(system.cluster, name))
         system.cluster.wait_for(
@@ -175,11 +178,13 @@ def test_a_failing_node_is_refused_to_the_app_then_to_every_app(start: Any) -> N
     executor. failuresPerApp 2, suspectNodeApps 2: app a gets exactly 2 executors there, then runs
     elsewhere while app b still gets node-1; b's executor killed there makes 2 apps, node-1 is suspect, and
     neither b nor app c goes there again. With the good nodes full, app d's next executor waits with a FailedScheduling
-    event carrying sparkgate's reason (the FitError message of pkg/scheduler/framework/types.go)."""
+    event carrying sparkgate's reason (the FitError message of pkg/scheduler/framework/types.go). The filter
+    alone: sparkgate's scores would keep the executors off node-1 from its first failure (the next test)."""
     cluster, allocator, bindings = start(
         nodes=[("node-1", "32", None), ("node-2", "2", None), ("node-3", "2", None)],
         scheduling="{failuresPerApp: 2, suspectNodeApps: 2, failureWindowSeconds: 300}",
         profile="{schedulerName: sparkgate}",
+        prioritize=False,
     )
     cluster.kubelet.fail_on("node-1")
     a = driver(cluster, "a")
@@ -230,6 +235,41 @@ def test_a_failing_node_is_refused_to_the_app_then_to_every_app(start: Any) -> N
         )
         >= 1
     )
+
+
+def test_a_failing_node_loses_its_draw_from_the_first_failure_not_the_third(start: Any) -> None:
+    """Issue 20: node-1, the roomiest (LeastAllocated prefers it, the more as its failures empty it),
+    OOM-kills every executor. The executors lost there are counted, each run alike, with sparkgate's scores
+    and with its filter alone (what sparkgate answered before: its scores were 0 everywhere without packing
+    or driverZone):
+    - app a runs one executor at a time, so each failure is seen before the replacement is scheduled: the
+      filter alone lets node-1 have a's executors until the third failure refuses it (3 lost); the scores
+      send the replacement elsewhere from the first (1 lost);
+    - then app b asks for 6 executors at once: with the filter alone, node-1 (a's 1 or 3 failures, 1 app of
+      3) draws them until b's own third failure (at least 3 lost); with the scores, a's one failure there
+      keeps all 6 off it (0 lost).
+    Counts depend on the order of events only (a failure is seen before what follows it), never on speed."""
+
+    def lost(prioritize: bool) -> tuple[int, int]:
+        cluster, _, bindings = start(
+            nodes=[("node-1", "32", None), ("node-2", "5", None), ("node-3", "5", None)],
+            scheduling="{failuresPerApp: 3, suspectNodeApps: 3, failureWindowSeconds: 600}",
+            profile="{schedulerName: sparkgate}",
+            batch=6,
+            prioritize=prioritize,
+        )
+        cluster.kubelet.fail_on("node-1")
+        a = driver(cluster, "a")
+        cluster.wait_for(lambda: running_on(a, "node-2", "node-3") == 1, what="a's executor on a good node")
+        b = driver(cluster, "b", executors=6, batch_size=6)
+        cluster.wait_for(lambda: running_on(b, "node-2", "node-3") == 6, what="b's 6 executors on good nodes")
+        assert bindings.of(b).count("node-1") == len(bindings.of(b)) - 6
+        return bindings.of(a).count("node-1"), bindings.of(b).count("node-1")
+
+    without = lost(prioritize=False)
+    scored = lost(prioritize=True)
+    assert without[0] == 3 and without[1] >= 3, without
+    assert scored == (1, 0)
 
 
 def test_an_exclusion_ends_with_its_window(start: Any) -> None:

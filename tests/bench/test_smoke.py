@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-BENCHMARKS = ("admission", "scale", "refill", "value", "extender", "kubesim_policy")
+BENCHMARKS = ("admission", "scale", "refill", "value", "extender", "gates", "kubesim_policy")
 
 
 @pytest.fixture(scope="module")
@@ -159,3 +159,17 @@ def test_kubesim_policy(results: dict[str, tuple[int, str, dict[str, Any]]]) -> 
             entry = round_[case][where]
             assert entry["count"] == document["config"]["pods"] and 0 < entry["p50"] <= entry["p99"]
     assert set(document["summary"]["added_p50_ms"]) == {"http_ms", "chain_ms"}
+
+
+def test_gates(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
+    document = finished(results, "gates")
+    floor, actor, config = document["floor"], document["actor"], document["config"]
+    assert floor["removals"] == actor["removals"] == config["executors"] > 0
+    assert positive(floor["per_second"]) and positive(actor["per_second"]) and positive(document["ratio"])
+    assert actor["kube_api_qps"] > 0 and actor["kube_api_burst"] > 0
+    # The allocator's own histogram saw the gate removals (the last one may land after the scrape).
+    metric = actor["gate_removal_metric_ms"]
+    assert config["executors"] - 1 <= metric["count"] <= config["executors"]
+    assert 0 <= metric["p50"] <= metric["p99"]
+    paced = actor["paced"]["created_to_removed_ms"]
+    assert actor["paced"]["pods"] == config["paced"] > 0 and 0 < paced["p50"] <= paced["p99"] <= paced["max"]

@@ -21,6 +21,8 @@ from sparkgate.kube import (
     Unavailable,
     resource_of,
 )
+from sparkgate.ratelimit import TokenBucket
+from tests.sparkgate.test_ratelimit import Clock
 
 NS = "spark"
 PODS = f"/api/v1/namespaces/{NS}/pods"
@@ -161,6 +163,32 @@ def test_retries_are_bounded(cluster: Cluster, kube: Kube, recorder: Recorder) -
         kube.list(CONFIG_MAPS)
     assert failed.value.status == 503
     assert len(recorder.requests) == kube.max_attempts and len(recorder.sleeps) == kube.max_attempts - 1
+
+
+def test_a_limited_client_waits_for_its_budget_before_each_attempt(
+    cluster: Cluster, kube: Kube, recorder: Recorder
+) -> None:
+    """`limited` shares the client (its requests are counted by the same hook) and takes a token of the
+    bucket before every attempt, the retried ones included (as client-go throttles each try); the original
+    client is not limited. A burst of 2, 10 a second: the create and the GET tried 3 times wait 0, 0, then
+    0.1 s each."""
+    clock = Clock()
+    bucket = TokenBucket(10, 2, monotonic=clock, sleep=clock.sleep)
+    limited = kube.limited(bucket.wait)
+    assert retried_get(cluster, limited, recorder, "budget", 1) == [500, 429, 200]
+    assert clock.slept == [pytest.approx(0.1), pytest.approx(0.1)]
+    kube.get(f"{CONFIG_MAPS}/budget")
+    assert len(clock.slept) == 2 and kube.limiter is None
+    assert limited.api is kube.api, "one connection pool"
+
+
+def test_the_connection_pool_is_sized_as_asked(cluster: Cluster) -> None:
+    k = Kube.from_kubeconfig(str(cluster.kubeconfig()), pool_size=40)
+    try:
+        assert k.api.configuration.connection_pool_maxsize == 40
+        assert k.api.rest_client.pool_manager.connection_pool_kw["maxsize"] == 40
+    finally:
+        k.close()
 
 
 def test_backoff_is_full_jitter_under_a_cap(cluster: Cluster) -> None:
