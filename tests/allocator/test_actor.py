@@ -136,7 +136,7 @@ def test_an_apps_releases_are_pipelined_on_the_writers(cluster: Cluster) -> None
         if next(calls) > 0:
             barrier.wait()
 
-    actor = Actor(kube.limited(budget), "sparkgate-system", parallel_apps=1, writers=6)
+    actor = Actor(kube.limited(budget), "sparkgate-system", leading=lambda: True, parallel_apps=1, writers=6)
     try:
         pods = [gated_pod(cluster, "app-a", i) for i in range(1, 8)]
         (done,) = actor.submit([Release(p.app, p) for p in pods]).values()
@@ -157,7 +157,13 @@ def test_gate_removal_latency_runs_from_the_gated_pod_first_seen_to_the_patch_ac
     now = [10.0]
     removed: list[float] = []
     kube = Kube.from_kubeconfig(str(cluster.add_user(ALLOCATOR)))
-    actor = Actor(kube, "sparkgate-system", monotonic=lambda: now[0], on_gate_removed=removed.append)
+    actor = Actor(
+        kube,
+        "sparkgate-system",
+        leading=lambda: True,
+        monotonic=lambda: now[0],
+        on_gate_removed=removed.append,
+    )
     try:
         a1, a2, a3 = (gated_pod(cluster, "app-a", i) for i in (1, 2, 3))
         for pod in (a1, a2, a3):
