@@ -50,10 +50,12 @@ def observe_apps(metrics: AllocatorMetrics, snapshot: Snapshot) -> None:
         metrics.set_app(key, executor_counts(view))
     metrics.forget_apps(set(snapshot.apps))
     in_flight, bypassed = namespace_counts(snapshot)
-    for namespace in {key.namespace for key in snapshot.apps} | metrics.namespaces:
+    live = {key.namespace for key in snapshot.apps}
+    metrics.forget_namespaces(live)
+    for namespace in live:
         metrics.in_flight.labels(namespace).set(in_flight[namespace])
         metrics.bypassed.labels(namespace).set(bypassed[namespace])
-    metrics.namespaces |= {key.namespace for key in snapshot.apps}
+    metrics.namespaces |= live
     metrics.apps.set(len(snapshot.apps))
 
 
