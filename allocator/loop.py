@@ -394,10 +394,12 @@ class Controller:
         key = AppKey(namespace, app_id)
         view = self._visible(self.cache.snapshot()).apps.get(key)
         history = self.histories.view(key)
-        if view is None:
+        if view is None:  # over (or unknown): what is left of it is its history, until it expires
             if history is None:
                 return None
-            view = AppView(key, (), None, True, frozenset())
+            return app_document(
+                AppView(key, (), None, True, frozenset()), None, AppMemory(finished=True), history
+            )
         return app_document(
             view, self.settings.get(key), self.memory.get(key), history, self.queue.failures().get(key)
         )
