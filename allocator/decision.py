@@ -17,12 +17,12 @@ Settled details:
 - settings come from the profile named on the app's pods and the annotations of its lowest-id pod;
 - a gated pod whose executor id was deleted before is deleted (id reuse refused), never released;
 - an app that is over (allocator/registry.py) has its gated pods and config maps deleted;
-- the copies an app needs are the ones the pods of its batch mount (chosen at admission, whatever the policy
-  says now: a policy edit in the middle of an app changes nothing for its pods); each is made from the source
-  of that copy name in the sparkgate namespace, and a source that does not exist holds the app (a pod that
-  mounts a missing config map cannot start); the copies are created before the first release, in the same
-  decision (the actor carries actions out in order and drops an app's releases when one of its creations
-  fails);
+- the copies an app needs are the ones its gated and in-flight pods mount (chosen at admission, whatever the
+  policy says now: a policy edit in the middle of an app changes nothing for its pods); each is made from
+  the source of that copy name in the sparkgate namespace, and a source that does not exist holds the app (a
+  pod that mounts a missing config map cannot start); a missing copy is created at once, before any release
+  in the same decision (the actor carries actions out in order and drops an app's releases when one of its
+  creations fails);
 - an app the allocator has no memory of (a new app, or every app after a restart or a fail-over) takes as
   its last batch its pods released by sparkgate and not bound yet (`rebuilt_memory`, applied by the loop): a
   new leader waits for them as the old one would have.
@@ -277,10 +277,13 @@ def _decide_app(
             )
         else:
             gated.append(pod)
-    copies, missing = _copies(key, app, gated, profile, snapshot.sources)
-    waiting, released = _release(
-        key, app, gated, copies, missing, allocation, policy, mem, now, budgets, hits
-    )
+    # The copies its pods need, before any release: those of pods released but not started too (a copy
+    # deleted meanwhile would keep them in ContainerCreating, holding the app's budget).
+    needing = [p for p in pods if p.in_flight or (p.gated and not p.deleting)]
+    copies, missing = _copies(key, app, needing, profile, snapshot.sources)
+    owner = app.driver if app.driver is not None and not app.driver.finished else None
+    out.extend(CreateConfigMap(key, source, name, owner) for name, source in sorted(copies.items()))
+    waiting, released = _release(key, app, gated, missing, allocation, policy, mem, now, budgets, hits)
     out.extend(released)
     if waiting is not None and waiting[0] == "delay" and mem.last_release_at is not None:
         due[key] = mem.last_release_at + allocation.batch_delay_seconds
@@ -295,12 +298,13 @@ def _decide_app(
 
 
 def _copies(
-    key: AppKey, app: AppView, gated: list[PodRecord], profile: Profile | None, sources: frozenset[str]
+    key: AppKey, app: AppView, pods: list[PodRecord], profile: Profile | None, sources: frozenset[str]
 ) -> tuple[dict[str, str], str | None]:
-    """The copies the gated pods mount that do not exist yet, each with its source ({name: source}), and the
-    first source that is missing (or, when no source has that copy name for this app, the copy's name).
-    A copy's source is the one whose copy name for this app it is: the profile's first, then any source."""
-    needed = sorted({name for pod in gated for name in pod.copies} - app.config_maps)
+    """The copies `pods` mount that do not exist yet, each with its source ({name: source}), and the first
+    source that is missing (or, when no source has that copy name for this app, the copy's name); none to
+    make when one is missing. A copy's source is the one whose copy name for this app it is: the profile's
+    first, then any source."""
+    needed = sorted({name for pod in pods for name in pod.copies} - app.config_maps)
     if not needed:
         return {}, None
     known = [cm.source for cm in profile.config_maps] if profile else []
@@ -318,7 +322,6 @@ def _release(
     key: AppKey,
     app: AppView,
     gated: list[PodRecord],
-    copies: dict[str, str],
     missing: str | None,
     allocation: Allocation,
     policy: Policy,
@@ -379,8 +382,6 @@ def _release(
     if n == 0:
         return (binding[0], rooms[binding[0]][1]), []
     actions: list[Action] = []
-    owner = app.driver if app.driver is not None and not app.driver.finished else None
-    actions.extend(CreateConfigMap(key, source, name, owner) for name, source in sorted(copies.items()))
     batch = gated[:n]
     actions.extend(Release(key, pod) for pod in batch)
     names = frozenset(p.name for p in batch)

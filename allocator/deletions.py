@@ -225,6 +225,10 @@ class HistoryStore:
             history = self._histories.get(app)
             return None if history is None else History.from_dict(history.to_dict())
 
+    def unfinished(self) -> set[AppKey]:
+        with self._lock:
+            return {k for k, h in self._histories.items() if h.finished_at is None}
+
     def count(self) -> int:
         with self._lock:
             return len(self._histories)

@@ -134,6 +134,7 @@ class Controller:
 
     def on_release(self, action: Release, at: float) -> None:
         self.bind_times.released(action.pod.uid, at)
+        self.metrics.namespaces.add(action.app.namespace)
         self.metrics.releases.labels(action.app.namespace).inc()
         if action.pod.created:
             self.metrics.gate_wait.labels(action.app.namespace).observe(max(0.0, at - action.pod.created))
@@ -146,6 +147,7 @@ class Controller:
             record.exec_id, record.pod, record.node, record.at, action.reason, record.exit_code, record.detail
         )
         if self.histories.record(action.app, action.pod.uid, entry, ended_at=self.ended.get(action.app)):
+            self.metrics.namespaces.add(action.app.namespace)
             self.metrics.deletions.labels(action.app.namespace, action.reason.value).inc()
 
     # --- lifecycle -------------------------------------------------------------------------------------
@@ -221,14 +223,15 @@ class Controller:
             self._record_gone(gone, observed)
         now = self.clock()
         for key in self.registry.observe(observed, now):
-            self.end(key, now, client=not observed.apps[key].driver_seen)
+            view = observed.apps.get(key)
+            self.end(key, now, client=view is None or not view.driver_seen)
         if self.ended != self.registry.ended:
             self.ended = dict(self.registry.ended)
         policy = self.policy.current()
         try:
             if not leading:
                 self._histories_current = False
-            if policy is None or not keys or (leading and not self._read_histories()):
+            if policy is None or not keys or (leading and not self._read_histories(observed)):
                 for key in keys:
                     self.queue.done(key)
                 return
@@ -254,11 +257,17 @@ class Controller:
         self.metrics.forget_app(key)
         self.queue.add({key})
 
-    def _read_histories(self) -> bool:
+    def _read_histories(self, snapshot: Snapshot) -> bool:
         """A new leader reads the histories its predecessor saved (its own view of them is the one of its
-        start): False while the API fails (nothing is decided meanwhile)."""
+        start): False while the API fails (nothing is decided meanwhile). It finishes those of the apps that
+        are over (its predecessor may not have seen them end) and of the apps the cluster holds nothing of
+        any more, so that they expire."""
         if not self._histories_current:
             self._histories_current = self.histories.load()
+            if self._histories_current:
+                now = self.clock()
+                for key in self.histories.unfinished() - (snapshot.apps.keys() - self.registry.ended.keys()):
+                    self.histories.finished(key, self.registry.ended.get(key, now))
         return self._histories_current
 
     def _settle(self, keys: set[AppKey], policy: Any, snapshot: Snapshot) -> None:
@@ -328,6 +337,7 @@ class Controller:
             self.metrics.decision_errors.inc()
         self.expectations.failed(set(releases) - set(result.released))
         if not result.ok:
+            self.metrics.namespaces.add(app.namespace)
             self.metrics.write_failures.labels(app.namespace).inc()
         self.queue.done(app, result.outcome)
 
@@ -339,6 +349,7 @@ class Controller:
                 record, at, app_finishing=over is not None or (view is not None and view.finished)
             )
             if self.histories.record(record.app, record.uid, entry, ended_at=over):
+                self.metrics.namespaces.add(record.namespace)
                 self.metrics.deletions.labels(record.namespace, entry.reason.value).inc()
 
     def _observe(self, observed: Snapshot, policy: Any) -> None:

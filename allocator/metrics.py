@@ -238,7 +238,8 @@ class AllocatorMetrics:
             for reason in ("oom_killed", "evicted", "exit_code", "rejected"):
                 self.extender_excluded.labels(scope, reason)
         self._app_series: set[AppKey] = set()
-        self.namespaces: set[str] = set()  # namespaces whose per-namespace gauges are exported
+        # Namespaces that may have per-namespace series (added where a series is written; pruned by the loop).
+        self.namespaces: set[str] = set()
         # Series whose label values are known in advance exist from the start at 0: increase() and rate()
         # cannot see a counter's first increments when its series appears with them.
         for scope in ("app", "namespace", "cluster"):

@@ -9,7 +9,9 @@
   registry first sees the app (so after a restart every client-mode app gets a whole grace again).
 
 An app that is over is `ended` until the cache no longer holds anything of it (its terminated pods may stay in
-the cluster until the pod garbage collector takes them). The loop (Controller.step) calls `observe` once per
+the cluster until the pod garbage collector takes them). An app of which the cluster holds nothing any more
+(a client-mode app that stopped cleanly: Spark deleted its executors and the copies) is over once the grace
+has passed since its last sign of life. The loop (Controller.step) calls `observe` once per
 step and, for each app it returns, `Controller.end` once: that removes everything sparkgate keeps of the app.
 An ended client-mode app in which a newer pod appears lives again.
 
@@ -72,6 +74,11 @@ class AppRegistry:
                 ended.add(key)
         if len(self._lives) > len(snapshot.apps):
             for key in self._lives.keys() - snapshot.apps.keys():
-                del self._lives[key]
-                self.ended.pop(key, None)
+                # Gone from the cluster: over if it was, or once the grace has passed (a client-mode app
+                # that stopped cleanly: Spark deleted its executors and copies; or scaled to no pod a while).
+                if key in self.ended:
+                    del self._lives[key], self.ended[key]
+                elif now - self._lives[key].last_alive >= self.client_grace:
+                    del self._lives[key]
+                    ended.add(key)
         return ended

@@ -77,3 +77,16 @@ def test_the_cache_keeps_nothing_of_an_app_whose_objects_are_all_gone() -> None:
     assert KEY not in cache.snapshot().apps
     cache.config_map_event("ADDED", copy, source=False)  # the same app id again: nothing was remembered
     assert not cache.snapshot().apps[KEY].driver_seen
+
+
+def test_an_app_gone_from_the_cluster_is_over_after_the_grace() -> None:
+    """A client-mode app that stopped cleanly (Spark deleted its executors and copies): nothing of it is left
+    in the cache, so nothing else would ever end it (its history would stay unfinished forever)."""
+    registry = AppRegistry(client_grace=10)
+    registry.observe(snap(pod(1, gated=False, phase="Running")), 0)
+    empty = Snapshot({}, frozenset())
+    assert registry.observe(empty, 9) == set()
+    assert registry.observe(snap(pod(1, gated=False, phase="Running")), 9) == set()  # back: one life
+    assert registry.observe(empty, 18) == set()
+    assert registry.observe(empty, 19) == {KEY}
+    assert registry.observe(empty, 100) == set() and not registry.ended
