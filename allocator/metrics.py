@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from sparkgate.contract import AppKey
 
-from .model import DeletionReason
+from .model import AppView, DeletionReason
 
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 EXTENDER_BUCKETS = (
@@ -237,7 +237,9 @@ class AllocatorMetrics:
         for scope in ("app", "node"):
             for reason in ("oom_killed", "evicted", "exit_code", "rejected"):
                 self.extender_excluded.labels(scope, reason)
-        self._app_series: set[AppKey] = set()
+        self.app_series: set[AppKey] = set()  # apps with executors series
+        # Loop thread: what observe_apps (status.py) last wrote per app: (view, counts, bypassed pods).
+        self.observed: dict[AppKey, tuple[AppView, dict[str, int], int]] = {}
         # Namespaces that may have per-namespace series (added where a series is written; pruned by the loop).
         self.namespaces: set[str] = set()
         # Series whose label values are known in advance exist from the start at 0: increase() and rate()
@@ -254,17 +256,18 @@ class AllocatorMetrics:
     def set_app(self, key: AppKey, counts: dict[str, int]) -> None:
         for state, n in counts.items():
             self.executors.labels(key.namespace, key.app_id, state).set(n)
-        self._app_series.add(key)
+        self.app_series.add(key)
 
     def forget_app(self, key: AppKey) -> None:
         """Remove every series of one app."""
+        self.observed.pop(key, None)
         for state in ("gated", "in_flight", "running", "other"):
             with contextlib.suppress(KeyError):
                 self.executors.remove(key.namespace, key.app_id, state)
-        self._app_series.discard(key)
+        self.app_series.discard(key)
 
     def forget_apps(self, live: set[AppKey]) -> None:
-        for key in self._app_series - live:
+        for key in self.app_series - live:
             self.forget_app(key)
 
     def forget_namespaces(self, live: set[str]) -> None:
