@@ -3,17 +3,20 @@
 Every watch event names the apps it touched and adds them to the work queue; the loop takes them at once
 (a freed slot is refilled within milliseconds), again for an app when its batch delay ends (requeue-after),
 and, every `tick`, every app (the rest of the time-based conditions). The actor carries out each app's
-actions while the loop goes on deciding the others. Only the leader acts; followers keep their cache warm so
-a hand-over is immediate. A leader that loses its lease stops before its next write. Deletions are
-classified and recorded per app in the history store, persisted in batches.
+actions while the loop goes on deciding the others. Only the leader acts and records deletions; followers
+keep their cache warm so a hand-over is immediate, and work out the settings in force (for /apps) without
+acting or remembering; a replica that becomes the leader reads the histories again first. A leader that
+loses its lease stops before its next write. Deletions are classified and recorded per app in the history
+store, persisted in batches. The registry (registry.py) says when an app is over; `end` then removes what
+is kept of it.
 
 Threading model (the parts are assembled in allocator/commands.py):
 - reflector threads (one per watch) write the Cache (its lock) and, after releasing it, call the
   Controller's `on_gone` (its `_gone_lock`), the pod observers (Expectations, BindTimes: their own locks)
   and `on_change`, which adds apps to the WorkQueue (its lock);
-- the loop thread (this module's `run`) is the only one that decides: it owns `memory`, `settings` and the
-  in-flight counter, and publishes `memory` and `settings` to readers by replacing the dicts, never
-  mutating a published one; it reads the Cache, Expectations and HistoryStore, writes the HistoryStore and
+- the loop thread (this module's `run`) is the only one that decides: it owns `memory`, `settings`, the
+  registry and the in-flight counter, and publishes `memory`, `settings` and `ended` (the registry's ended
+  apps, read by actor and HTTP threads) by replacing the dicts, never mutating a published one; it reads the Cache, Expectations and HistoryStore, writes the HistoryStore and
   flushes it (API calls, no lock held);
 - actor threads carry out one app's actions each and, when done, report to Expectations, BindTimes, the
   HistoryStore and the WorkQueue (`done`);

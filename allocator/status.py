@@ -85,7 +85,7 @@ def app_summary(
     return {
         "namespace": view.key.namespace,
         "appId": view.key.app_id,
-        "profile": view.profile,  # from its pods: the same on every replica (settings: the leader's only)
+        "profile": view.profile,  # from its pods: the same on every replica
         "gated": counts["gated"],
         "inFlight": counts["in_flight"],
         "running": counts["running"],
