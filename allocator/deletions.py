@@ -29,6 +29,7 @@ from .workqueue import Backoff
 log = logging.getLogger(__name__)
 
 RECENT = 50
+RECORDED_UIDS = 200_000  # pod uids remembered as recorded, all apps together
 
 
 def classify(pod: PodRecord, at: float, *, app_finishing: bool = False) -> DeletionRecord:
@@ -185,7 +186,10 @@ class HistoryStore:
         self._lock = threading.Lock()
         self._histories: dict[AppKey, History] = {}
         self._dirty: set[AppKey] = set()
-        self._recorded: dict[str, None] = {}  # uids already recorded (insertion-ordered, bounded)
+        # Pod uids already recorded, by app (each app's insertion-ordered): RECORDED_UIDS at most, the oldest
+        # half forgotten past it; an app's go with its history.
+        self._recorded: dict[AppKey, dict[str, None]] = {}
+        self._recorded_count = 0
         self._failures: dict[AppKey, tuple[int, float]] = {}  # consecutive write failures, retry time
 
     # --- reading and recording ---------------------------------------------------------------------------
@@ -194,12 +198,13 @@ class HistoryStore:
         """Add one pod's deletion; False when that pod was already recorded. `ended_at`: when the app ended,
         if it did: a history it starts then is finished from the start, so it expires like any other."""
         with self._lock:
-            if uid in self._recorded:
+            uids = self._recorded.setdefault(app, {})
+            if uid in uids:
                 return False
-            self._recorded[uid] = None
-            if len(self._recorded) > 200_000:
-                for old in list(itertools.islice(self._recorded, 100_000)):
-                    del self._recorded[old]
+            uids[uid] = None
+            self._recorded_count += 1
+            if self._recorded_count > RECORDED_UIDS:
+                self._forget_recorded()
             dropped = self._histories.setdefault(app, History(finished_at=ended_at)).record(
                 entry, self.executor_ids
             )
@@ -207,6 +212,15 @@ class HistoryStore:
         if dropped:
             self.on_truncate(dropped)
         return True
+
+    def _forget_recorded(self) -> None:
+        """Forget the oldest half of the recorded uids (each app's oldest, in proportion). Under the lock."""
+        for app, uids in list(self._recorded.items()):
+            for old in list(itertools.islice(uids, (len(uids) + 1) // 2)):
+                del uids[old]
+                self._recorded_count -= 1
+            if not uids:
+                del self._recorded[app]
 
     def deleted_exec_ids(self) -> dict[AppKey, frozenset[int]]:
         with self._lock:
@@ -330,6 +344,7 @@ class HistoryStore:
                 continue
             with self._lock:
                 self._histories.pop(key, None)
+                self._recorded_count -= len(self._recorded.pop(key, {}))
 
     @staticmethod
     def _body(key: AppKey, history: History) -> dict[str, Any]:

@@ -4,10 +4,11 @@ counts and recent records kept, and the persisted form read back (also from a ne
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from allocator import deletions
 from allocator.deletions import DATA_KEY, EXECUTOR_IDS, RECENT, History, HistoryStore, classify, history_name
 from allocator.model import DeletionReason, DeletionRecord, PodRecord
 from allocator.workqueue import Backoff
@@ -161,3 +162,14 @@ def test_a_history_of_100000_deletions_of_one_app_stays_far_below_the_configmap_
     )  # the latest ids: Spark counts upwards
     assert back.dropped == sum(dropped) == 100_000 - EXECUTOR_IDS
     assert len(back.recent) == RECENT
+
+
+def test_the_uids_recorded_are_bounded_and_the_oldest_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(deletions, "RECORDED_UIDS", 4)
+    store = HistoryStore(cast(Kube, None), contract.INSTALL_NAMESPACE, retention=60, backoff=Backoff(1, 10))
+    key = AppKey("spark", "a")
+    record = DeletionRecord(1, "p", None, 1.0, DeletionReason.SUCCEEDED)
+    for i in range(5):
+        assert store.record(key, f"uid-{i}", record)
+    assert not store.record(key, "uid-4", record)  # seen: counted once
+    assert store.record(key, "uid-0", record)  # forgotten past the bound: the oldest half went
