@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv tools test lint typecheck pytest demo run bench clean
+.PHONY: venv tools test lint typecheck pytest demo run bench soak clean
 
 venv: $(STAMP)
 
@@ -47,6 +47,10 @@ run: venv
 
 bench: venv tools
 	$(BIN)/python -m bench
+
+# 30 simulated days of a busy cluster through the allocator (bench/months.py): its bounds, printed.
+soak: venv
+	$(BIN)/python -m bench.months
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -5,6 +5,9 @@ A reflector relists only on 410 (or after a handler's crash); the cache diffs a 
 held and treats what vanished as deleted. Objects are raw JSON turned at once into small frozen records
 (allocator/model.py): the cache never keeps whole pods. Every change names the apps it touched, so the loop decides only for those.
 
+Pruning: an app's entries go with the last of its objects (pods, driver, copies); its view and whether its
+driver was seen go at the next snapshot after that.
+
 Threading: each reflector runs in its own thread and calls the cache's `*_event`/`*_replace` methods. The
 cache holds one lock, `Cache._lock`, for its maps; it is a leaf: every callback (`on_change`, `on_gone`, the
 pod observers) is called after it is released, on the calling reflector's thread, in the order of the
@@ -15,6 +18,7 @@ immutable snapshots.
 from __future__ import annotations
 
 import datetime as dt
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +30,8 @@ from sparkgate.contract import AppKey
 from .model import AppView, DriverRecord, PodRecord, Snapshot
 
 Obj = dict[str, Any]
+# The volumes of the copies the webhook mounts: named contract.configmap_volume_name(source).
+COPY_VOLUME_PREFIX = "sparkgate-"
 
 
 def _timestamp(text: str | None) -> float:
@@ -56,6 +62,11 @@ def pod_record(obj: Obj) -> PodRecord | None:
             if container.get("name") == contract.SPARK_CONTAINER_NAME:
                 break
     owner = next((r.get("uid") for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
+    copies = tuple(
+        sys.intern(v["configMap"]["name"])
+        for v in spec.get("volumes") or []
+        if str(v.get("name", "")).startswith(COPY_VOLUME_PREFIX) and (v.get("configMap") or {}).get("name")
+    )
     return PodRecord(
         namespace=meta.get("namespace", ""),
         name=meta.get("name", ""),
@@ -76,6 +87,7 @@ def pod_record(obj: Obj) -> PodRecord | None:
         exit_code=exit_code,
         gate_index=gate_index,
         finished=finished,
+        copies=copies,
     )
 
 
@@ -231,6 +243,8 @@ class Cache:
                 key = AppKey(meta.get("namespace", ""), app_id)
                 names = self._config_maps.setdefault(key, set())
                 (names.discard if kind == "DELETED" else names.add)(name)
+                if not names:
+                    del self._config_maps[key]
                 self._invalidate(key)
                 touched = {key}
         self._on_change(touched)
@@ -275,6 +289,7 @@ class Cache:
                     # Apps whose pods are all gone but whose config maps remain still need cleaning up.
                     pods = ()
                 else:
+                    self._driver_seen.discard(key)  # nothing of the app is left: nothing of it is kept
                     continue
                 self._views[key] = AppView(
                     key,

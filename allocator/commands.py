@@ -76,6 +76,24 @@ def register(subparsers: Any) -> None:
     )
     a.add_argument("--backoff-cap", type=float, default=60.0, help="the longest backoff of an app (s)")
     a.add_argument(
+        "--client-app-grace",
+        type=float,
+        default=float(env("SPARKGATE_CLIENT_APP_GRACE", "300")),
+        help="a client-mode app (no driver pod) with no sign of life this many seconds is over",
+    )
+    a.add_argument(
+        "--history-retention",
+        type=float,
+        default=float(env("SPARKGATE_HISTORY_RETENTION", "3600")),
+        help="seconds a finished app's deletion history is kept",
+    )
+    a.add_argument(
+        "--history-executor-ids",
+        type=int,
+        default=int(env("SPARKGATE_HISTORY_EXECUTOR_IDS", "1000")),
+        help="deleted executor ids kept per app (their reuse is refused)",
+    )
+    a.add_argument(
         "--certs",
         action=argparse.BooleanOptionalAction,
         default=env("SPARKGATE_CERTS_SYNC", "true").lower() not in ("false", "0", "no"),
@@ -199,7 +217,9 @@ def assemble(
         options.install_namespace,
         retention=options.history_retention,
         backoff=Backoff(options.history_flush, options.backoff_cap),
+        executor_ids=options.history_executor_ids,
         on_corrupt=metrics.history_corrupt.inc,
+        on_truncate=metrics.history_ids_dropped.inc,
         on_write_failure=metrics.history_write_failures.inc,
     )
     # The controller's callbacks are bound after it exists; the cache and actor reach it through these.
@@ -378,6 +398,9 @@ def run_allocator(args: argparse.Namespace) -> int:
         stall_after=args.stall_after,
         backoff_base=args.backoff_base,
         backoff_cap=args.backoff_cap,
+        client_grace=args.client_app_grace,
+        history_retention=args.history_retention,
+        history_executor_ids=args.history_executor_ids,
     )
     try:
         allocator = assemble(

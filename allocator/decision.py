@@ -16,10 +16,16 @@ Settled details:
   has a node (a pod whose release failed is gated again, not waiting for the scheduler);
 - settings come from the profile named on the app's pods and the annotations of its lowest-id pod;
 - a gated pod whose executor id was deleted before is deleted (id reuse refused), never released;
-- an app whose driver is finished, or was seen and is gone, has its gated pods and config maps deleted;
-- a profile's source ConfigMap that does not exist holds the app (a pod that mounts a missing config map
-  cannot start); the per-app copies are created before the first release, in the same decision (the actor
-  carries actions out in order and drops an app's releases when one of its creations fails).
+- an app that is over (allocator/registry.py) has its gated pods and config maps deleted;
+- the copies an app needs are the ones its gated and in-flight pods mount (chosen at admission, whatever the
+  policy says now: a policy edit in the middle of an app changes nothing for its pods); each is made from
+  the source of that copy name in the sparkgate namespace, and a source that does not exist holds the app (a
+  pod that mounts a missing config map cannot start); a missing copy is created at once, before any release
+  in the same decision (the actor carries actions out in order and drops an app's releases when one of its
+  creations fails);
+- an app the allocator has no memory of (a new app, or every app after a restart or a fail-over) takes as
+  its last batch its pods released by sparkgate and not bound yet (`rebuilt_memory`, applied by the loop): a
+  new leader waits for them as the old one would have.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ class AppSettings:
 
     allocation: Allocation
     waiting_for: str | None  # why gated pods still wait, None when nothing waits
+    missing_source: str | None = None  # the source ConfigMap (or, when no source matches, the copy) held for
 
 
 @dataclass(frozen=True)
@@ -144,10 +151,11 @@ def decide(
     *,
     deleted_exec_ids: Mapping[AppKey, Collection[int]] | None = None,
     in_flight: InFlightCounts | None = None,
+    ended: Collection[AppKey] = (),
 ) -> Decision:
     """The actions for `apps` (default: every app of the snapshot). `deleted_exec_ids`: each app's executor
     ids deleted before (never released again); `in_flight`: the caller's counter, kept across decisions for
-    speed (a fresh one counts every pod)."""
+    speed (a fresh one counts every pod); `ended`: the apps that are over (registry.py)."""
     keys = list(snapshot.apps) if apps is None else [k for k in apps if k in snapshot.apps]
     budgets = _Budgets(snapshot, in_flight or InFlightCounts())
     deleted = deleted_exec_ids or {}
@@ -166,9 +174,20 @@ def decide(
         try:
             app_hits: Counter[str] = Counter()
             app_due: dict[AppKey, float] = {}
-            out, app_settings = _decide_app(
-                key, snapshot, policy, new_memory[key], now, budgets, app_hits, deleted.get(key, ()), app_due
-            )
+            if key in ended or snapshot.apps[key].finished:
+                out, app_settings = _finish(snapshot.apps[key], new_memory[key]), None
+            else:
+                out, app_settings = _decide_app(
+                    key,
+                    snapshot,
+                    policy,
+                    new_memory[key],
+                    now,
+                    budgets,
+                    app_hits,
+                    deleted.get(key, ()),
+                    app_due,
+                )
         except Exception as e:
             errors[key] = f"{type(e).__name__}: {e}"
             new_memory[key] = _copy_memory(memory[key]) if key in memory else AppMemory()
@@ -182,6 +201,28 @@ def decide(
         if app_settings is not None:
             settings[key] = app_settings
     return Decision(tuple(actions), new_memory, settings, hits, due, errors)
+
+
+def rebuilt_memory(app: AppView) -> AppMemory:
+    """What the allocator knows of an app it has no memory of, from the cluster: its last batch is its pods
+    that sparkgate released (they carry its profile) and that are not bound yet."""
+    return AppMemory(
+        last_batch=frozenset(
+            p.name for p in app.pods if p.in_flight and p.node is None and p.profile is not None
+        )
+    )
+
+
+def _finish(app: AppView, mem: AppMemory) -> list[Action]:
+    """An app that is over: its gated pods and its config-map copies are deleted."""
+    out: list[Action] = [
+        DeletePod(app.key, pod, DeletionReason.APP_FINISHED)
+        for pod in sorted(app.pods, key=executor_order)
+        if pod.gated and not pod.deleting
+    ]
+    out.extend(DeleteConfigMap(app.key, name) for name in sorted(app.config_maps))
+    mem.finished, mem.waiting_since = True, None
+    return out
 
 
 def _decide_app(
@@ -226,13 +267,6 @@ def _decide_app(
                 count=len(bypassed),
             )
         )
-    if app.finished:
-        for pod in pods:
-            if pod.gated and not pod.deleting:
-                out.append(DeletePod(key, pod, DeletionReason.APP_FINISHED))
-        out.extend(DeleteConfigMap(key, name) for name in sorted(app.config_maps))
-        mem.finished, mem.waiting_since = True, None
-        return out, None
     gated: list[PodRecord] = []
     for pod in pods:
         if not pod.gated or pod.deleting:
@@ -251,9 +285,13 @@ def _decide_app(
             )
         else:
             gated.append(pod)
-    waiting, released = _release(
-        key, app, gated, profile, allocation, policy, snapshot, mem, now, budgets, hits
-    )
+    # The copies its pods need, before any release: those of pods released but not started too (a copy
+    # deleted meanwhile would keep them in ContainerCreating, holding the app's budget).
+    needing = [p for p in pods if p.in_flight or (p.gated and not p.deleting)]
+    copies, missing = _copies(key, app, needing, profile, snapshot.sources)
+    owner = app.driver if app.driver is not None and not app.driver.finished else None
+    out.extend(CreateConfigMap(key, source, name, owner) for name, source in sorted(copies.items()))
+    waiting, released = _release(key, app, gated, missing, allocation, policy, mem, now, budgets, hits)
     out.extend(released)
     if waiting is not None and waiting[0] == "delay" and mem.last_release_at is not None:
         due[key] = mem.last_release_at + allocation.batch_delay_seconds
@@ -262,17 +300,39 @@ def _decide_app(
         type_ = "Warning" if scope == "source" else "Normal"
         reason = "SourceConfigMapMissing" if scope == "source" else "Waiting"
         out.append(_event(key, gated[0], type_, reason, f"waiting: {message}", f"{key}/waiting/{scope}"))
-    return out, AppSettings(allocation, waiting[1] if waiting and gated else None)
+    return out, AppSettings(
+        allocation, waiting[1] if waiting and gated else None, missing if waiting and gated else None
+    )
+
+
+def _copies(
+    key: AppKey, app: AppView, pods: list[PodRecord], profile: Profile | None, sources: frozenset[str]
+) -> tuple[dict[str, str], str | None]:
+    """The copies `pods` mount that do not exist yet, each with its source ({name: source}), and the first
+    source that is missing (or, when no source has that copy name for this app, the copy's name); none to
+    make when one is missing. A copy's source is the one whose copy name for this app it is: the profile's
+    first, then any source."""
+    needed = sorted({name for pod in pods for name in pod.copies} - app.config_maps)
+    if not needed:
+        return {}, None
+    known = [cm.source for cm in profile.config_maps] if profile else []
+    by_name = {contract.app_configmap_name(key.app_id, s): s for s in [*sorted(sources), *known]}
+    copies: dict[str, str] = {}
+    for name in needed:
+        source = by_name.get(name)
+        if source is None or source not in sources:
+            return {}, source or name
+        copies[name] = source
+    return copies, None
 
 
 def _release(
     key: AppKey,
     app: AppView,
     gated: list[PodRecord],
-    profile: Profile | None,
+    missing: str | None,
     allocation: Allocation,
     policy: Policy,
-    snapshot: Snapshot,
     mem: AppMemory,
     now: float,
     budgets: _Budgets,
@@ -284,11 +344,8 @@ def _release(
         return None, []
     if mem.waiting_since is None:
         mem.waiting_since = now
-    missing = [
-        cm.source for cm in (profile.config_maps if profile else ()) if cm.source not in snapshot.sources
-    ]
-    if missing:
-        return ("source", f"source ConfigMap {missing[0]} is missing in the sparkgate namespace"), []
+    if missing is not None:
+        return ("source", f"source ConfigMap {missing} is missing in the sparkgate namespace"), []
     by_name = {p.name: p for p in app.pods}
     unbound = [
         n
@@ -333,14 +390,6 @@ def _release(
     if n == 0:
         return (binding[0], rooms[binding[0]][1]), []
     actions: list[Action] = []
-    wanted = {
-        contract.app_configmap_name(key.app_id, cm.source): cm.source
-        for cm in (profile.config_maps if profile else ())
-    }
-    owner = app.driver if app.driver is not None and not app.driver.finished else None
-    for name, source in sorted(wanted.items()):
-        if name not in app.config_maps:
-            actions.append(CreateConfigMap(key, source, name, owner))
     batch = gated[:n]
     actions.extend(Release(key, pod) for pod in batch)
     names = frozenset(p.name for p in batch)

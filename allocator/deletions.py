@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import heapq
 import itertools
 import json
 import logging
@@ -28,6 +29,7 @@ from .workqueue import Backoff
 log = logging.getLogger(__name__)
 
 RECENT = 50
+RECORDED_UIDS = 200_000  # pod uids remembered as recorded, all apps together
 
 
 def classify(pod: PodRecord, at: float, *, app_finishing: bool = False) -> DeletionRecord:
@@ -52,9 +54,14 @@ def classify(pod: PodRecord, at: float, *, app_finishing: bool = False) -> Delet
     return DeletionRecord(pod.exec_id, pod.name, pod.node, at, kind, pod.exit_code, pod.reason)
 
 
+EXECUTOR_IDS = 1000  # default of the allocator's --history-executor-ids
+
+
 @dataclass
 class History:
-    """One app's deletions: counts by reason, the most recent records, every deleted executor id."""
+    """One app's deletions: counts by reason, the most recent records, the `EXECUTOR_IDS` (a setting) highest
+    deleted executor ids (Spark numbers executors upwards, so these are the latest) and how many lower ones
+    were dropped: its size is bounded whatever the app's length (a ConfigMap holds at most 1 MiB)."""
 
     counts: collections.Counter[DeletionReason] = field(default_factory=collections.Counter)
     recent: collections.deque[DeletionRecord] = field(
@@ -62,12 +69,25 @@ class History:
     )
     exec_ids: set[int] = field(default_factory=set)
     finished_at: float | None = None
+    dropped: int = 0  # deleted executor ids no longer kept (their reuse is no longer refused)
+    _heap: list[int] = field(default_factory=list, repr=False, compare=False)  # exec_ids, smallest first
 
-    def record(self, record: DeletionRecord) -> None:
+    def record(self, record: DeletionRecord, keep: int = EXECUTOR_IDS) -> int:
+        """Add one deletion; the number of executor ids dropped to stay within `keep`."""
         self.counts[record.reason] += 1
         self.recent.append(record)
-        if record.exec_id is not None:
-            self.exec_ids.add(record.exec_id)
+        if record.exec_id is None or record.exec_id in self.exec_ids:
+            return 0
+        if len(self._heap) != len(self.exec_ids):
+            self._heap = sorted(self.exec_ids)
+        self.exec_ids.add(record.exec_id)
+        heapq.heappush(self._heap, record.exec_id)
+        dropped = 0
+        while len(self.exec_ids) > keep:
+            self.exec_ids.discard(heapq.heappop(self._heap))
+            dropped += 1
+        self.dropped += dropped
+        return dropped
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -85,13 +105,14 @@ class History:
                 for r in self.recent
             ],
             "execIds": sorted(self.exec_ids),
+            "execIdsDropped": self.dropped,
             "finishedAt": self.finished_at,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> History:
         """The inverse of to_dict; unknown reasons (from a newer version) are skipped, not fatal."""
-        history = cls(finished_at=data.get("finishedAt"))
+        history = cls(finished_at=data.get("finishedAt"), dropped=int(data.get("execIdsDropped") or 0))
         known = {r.value: r for r in DeletionReason}
         for name, n in (data.get("counts") or {}).items():
             if name in known:
@@ -144,7 +165,9 @@ class HistoryStore:
         *,
         retention: float,
         backoff: Backoff,
+        executor_ids: int = EXECUTOR_IDS,
         on_corrupt: Callable[[], None] = lambda: None,
+        on_truncate: Callable[[int], None] = lambda n: None,
         on_write_failure: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
@@ -154,6 +177,8 @@ class HistoryStore:
         self.retention = retention
         self.backoff = backoff
         self.on_corrupt = on_corrupt
+        self.on_truncate = on_truncate
+        self.executor_ids = executor_ids
         self.on_write_failure = on_write_failure
         self.clock = clock
         self.monotonic = monotonic
@@ -161,23 +186,41 @@ class HistoryStore:
         self._lock = threading.Lock()
         self._histories: dict[AppKey, History] = {}
         self._dirty: set[AppKey] = set()
-        self._recorded: dict[str, None] = {}  # uids already recorded (insertion-ordered, bounded)
+        # Pod uids already recorded, by app (each app's insertion-ordered): RECORDED_UIDS at most, the oldest
+        # half forgotten past it; an app's go with its history.
+        self._recorded: dict[AppKey, dict[str, None]] = {}
+        self._recorded_count = 0
         self._failures: dict[AppKey, tuple[int, float]] = {}  # consecutive write failures, retry time
 
     # --- reading and recording ---------------------------------------------------------------------------
 
-    def record(self, app: AppKey, uid: str, entry: DeletionRecord) -> bool:
-        """Add one pod's deletion; False when that pod was already recorded."""
+    def record(self, app: AppKey, uid: str, entry: DeletionRecord, *, ended_at: float | None = None) -> bool:
+        """Add one pod's deletion; False when that pod was already recorded. `ended_at`: when the app ended,
+        if it did: a history it starts then is finished from the start, so it expires like any other."""
         with self._lock:
-            if uid in self._recorded:
+            uids = self._recorded.setdefault(app, {})
+            if uid in uids:
                 return False
-            self._recorded[uid] = None
-            if len(self._recorded) > 200_000:
-                for old in list(itertools.islice(self._recorded, 100_000)):
-                    del self._recorded[old]
-            self._histories.setdefault(app, History()).record(entry)
+            uids[uid] = None
+            self._recorded_count += 1
+            if self._recorded_count > RECORDED_UIDS:
+                self._forget_recorded()
+            dropped = self._histories.setdefault(app, History(finished_at=ended_at)).record(
+                entry, self.executor_ids
+            )
             self._dirty.add(app)
-            return True
+        if dropped:
+            self.on_truncate(dropped)
+        return True
+
+    def _forget_recorded(self) -> None:
+        """Forget the oldest half of the recorded uids (each app's oldest, in proportion). Under the lock."""
+        for app, uids in list(self._recorded.items()):
+            for old in list(itertools.islice(uids, (len(uids) + 1) // 2)):
+                del uids[old]
+                self._recorded_count -= 1
+            if not uids:
+                del self._recorded[app]
 
     def deleted_exec_ids(self) -> dict[AppKey, frozenset[int]]:
         with self._lock:
@@ -196,9 +239,13 @@ class HistoryStore:
             history = self._histories.get(app)
             return None if history is None else History.from_dict(history.to_dict())
 
-    def keys(self) -> set[AppKey]:
+    def unfinished(self) -> set[AppKey]:
         with self._lock:
-            return set(self._histories)
+            return {k for k, h in self._histories.items() if h.finished_at is None}
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._histories)
 
     def unsaved(self) -> int:
         with self._lock:
@@ -207,12 +254,14 @@ class HistoryStore:
     # --- persistence -------------------------------------------------------------------------------------
 
     def load(self) -> bool:
-        """Read every saved history; False when the API failed (call again)."""
+        """Read every saved history, in place of those held (changes not written yet are kept); False when
+        the API failed (call again). At start, and again by a replica that becomes the leader."""
         try:
             items, _ = self.kube.list(self.path, label_selector=f"{HISTORY_LABEL}=true")
         except KubeError as e:
             log.warning("deletion histories not loaded yet: %s", e)
             return False
+        loaded: dict[AppKey, History] = {}
         for obj in items:
             meta = obj.get("metadata") or {}
             try:
@@ -223,9 +272,12 @@ class HistoryStore:
             except Exception as e:  # anything at all: one bad ConfigMap must not stop the allocator
                 self._set_aside(obj, e)
                 continue
-            key = AppKey(namespace, app_id)
-            with self._lock:
-                self._histories[key] = history
+            loaded[AppKey(namespace, app_id)] = history
+        with self._lock:
+            self._histories = {
+                **loaded,
+                **{k: self._histories[k] for k in self._dirty if k in self._histories},
+            }
         self.loaded = True
         return True
 
@@ -292,6 +344,7 @@ class HistoryStore:
                 continue
             with self._lock:
                 self._histories.pop(key, None)
+                self._recorded_count -= len(self._recorded.pop(key, {}))
 
     @staticmethod
     def _body(key: AppKey, history: History) -> dict[str, Any]:

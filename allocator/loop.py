@@ -3,17 +3,20 @@
 Every watch event names the apps it touched and adds them to the work queue; the loop takes them at once
 (a freed slot is refilled within milliseconds), again for an app when its batch delay ends (requeue-after),
 and, every `tick`, every app (the rest of the time-based conditions). The actor carries out each app's
-actions while the loop goes on deciding the others. Only the leader acts; followers keep their cache warm so
-a hand-over is immediate. A leader that loses its lease stops before its next write. Deletions are
-classified and recorded per app in the history store, persisted in batches.
+actions while the loop goes on deciding the others. Only the leader acts and records deletions; followers
+keep their cache warm so a hand-over is immediate, and work out the settings in force (for /apps) without
+acting or remembering; a replica that becomes the leader reads the histories again first. A leader that
+loses its lease stops before its next write. Deletions are classified and recorded per app in the history
+store, persisted in batches. The registry (registry.py) says when an app is over; `end` then removes what
+is kept of it.
 
 Threading model (the parts are assembled in allocator/commands.py):
 - reflector threads (one per watch) write the Cache (its lock) and, after releasing it, call the
   Controller's `on_gone` (its `_gone_lock`), the pod observers (Expectations, BindTimes: their own locks)
   and `on_change`, which adds apps to the WorkQueue (its lock);
-- the loop thread (this module's `run`) is the only one that decides: it owns `memory`, `settings` and the
-  in-flight counter, and publishes `memory` and `settings` to readers by replacing the dicts, never
-  mutating a published one; it reads the Cache, Expectations and HistoryStore, writes the HistoryStore and
+- the loop thread (this module's `run`) is the only one that decides: it owns `memory`, `settings`, the
+  registry and the in-flight counter, and publishes `memory`, `settings` and `ended` (the registry's ended
+  apps, read by actor and HTTP threads) by replacing the dicts, never mutating a published one; it reads the Cache, Expectations and HistoryStore, writes the HistoryStore and
   flushes it (API calls, no lock held);
 - actor threads carry out one app's actions each and, when done, report to Expectations, BindTimes, the
   HistoryStore and the WorkQueue (`done`);
@@ -44,12 +47,13 @@ from sparkgate.policy_file import PolicySource
 
 from .actor import Actor, AppResult
 from .cache import Cache
-from .decision import AppSettings, InFlightCounts, decide
-from .deletions import HistoryStore, classify
+from .decision import AppSettings, InFlightCounts, decide, rebuilt_memory
+from .deletions import EXECUTOR_IDS, HistoryStore, classify
 from .expectations import BindTimes, Expectations
 from .health import Health
 from .metrics import AllocatorMetrics
 from .model import Action, AppMemory, AppView, DeletePod, PodRecord, Release, Snapshot
+from .registry import AppRegistry
 from .status import app_document, apps_document, observe_apps
 from .workqueue import WorkQueue
 
@@ -64,6 +68,8 @@ class Options:
     tick: float = 1.0
     history_flush: float = 2.0
     history_retention: float = 3600.0
+    client_grace: float = 300.0  # a client-mode app with no sign of life this long is over (registry.py)
+    history_executor_ids: int = EXECUTOR_IDS  # deleted executor ids kept per app history (deletions.py)
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0
@@ -116,6 +122,10 @@ class Controller:
         self.settings: dict[AppKey, AppSettings] = {}
         self._in_flight = InFlightCounts()
         self._missing_sources: set[str] = set()
+        # Owned by the loop thread. `ended` is the registry's, published (replaced, never mutated) for HTTP.
+        self.registry = AppRegistry(options.client_grace)
+        self.ended: dict[AppKey, float] = {}
+        self._histories_current = False  # the histories were read from the cluster since this replica leads
 
     # --- inputs (reflector and actor threads) -----------------------------------------------------------
 
@@ -128,6 +138,7 @@ class Controller:
 
     def on_release(self, action: Release, at: float) -> None:
         self.bind_times.released(action.pod.uid, at)
+        self.metrics.namespaces.add(action.app.namespace)
         self.metrics.releases.labels(action.app.namespace).inc()
         if action.pod.created:
             self.metrics.gate_wait.labels(action.app.namespace).observe(max(0.0, at - action.pod.created))
@@ -139,7 +150,8 @@ class Controller:
         entry = type(record)(
             record.exec_id, record.pod, record.node, record.at, action.reason, record.exit_code, record.detail
         )
-        if self.histories.record(action.app, action.pod.uid, entry):
+        if self.histories.record(action.app, action.pod.uid, entry, ended_at=self.ended.get(action.app)):
+            self.metrics.namespaces.add(action.app.namespace)
             self.metrics.deletions.labels(action.app.namespace, action.reason.value).inc()
 
     # --- lifecycle -------------------------------------------------------------------------------------
@@ -213,28 +225,82 @@ class Controller:
         with self._gone_lock:
             gone, self._gone = self._gone, []
         observed = self.cache.snapshot()
-        self._record_gone(gone, observed)
+        leading = self.elector.leading
+        if leading:  # a follower keeps no history of its own: it reads the leader's when it takes over
+            self._record_gone(gone, observed)
+        now = self.clock()
+        for key in self.registry.observe(observed, now):
+            view = observed.apps.get(key)
+            self.end(key, now, client=view is None or not view.driver_seen)
+        if self.ended != self.registry.ended:
+            self.ended = dict(self.registry.ended)
         policy = self.policy.current()
         try:
-            if policy is None or not self.elector.leading or not keys:
+            if not leading:
+                self._histories_current = False
+            if policy is None or not keys or (leading and not self._read_histories(observed)):
                 for key in keys:
                     self.queue.done(key)
+                return
+            if not leading:
+                self._settle(keys, policy, observed)
                 return
             self._decide(keys, policy, self.expectations.apply(observed))
         finally:
             self._observe(observed, policy)
 
+    def end(self, key: AppKey, at: float, *, client: bool) -> None:
+        """The end of an app's life (registry.py says when): everything sparkgate keeps of it goes. Its
+        memory, settings and per-app metric series now; its gated pods and config-map copies by its next
+        decisions (the leader's, queued here; `decide` is told the app is over); its history is finished and
+        expires after the retention; its queue and backoff entries and its cache view when the cluster holds
+        nothing of it any more. Loop thread."""
+        log.info("application %s is over (%s mode)", key, "client" if client else "cluster")
+        self.metrics.apps_ended.labels("client" if client else "cluster").inc()
+        if self.elector.leading:
+            self.histories.finished(key, at)
+        self.memory = {k: m for k, m in self.memory.items() if k != key}
+        self.settings = {k: s for k, s in self.settings.items() if k != key}
+        self.metrics.forget_app(key)
+        self.queue.add({key})
+
+    def _read_histories(self, snapshot: Snapshot) -> bool:
+        """A new leader reads the histories its predecessor saved (its own view of them is the one of its
+        start): False while the API fails (nothing is decided meanwhile). It finishes those of the apps that
+        are over (its predecessor may not have seen them end) and of the apps the cluster holds nothing of
+        any more, so that they expire."""
+        if not self._histories_current:
+            self._histories_current = self.histories.load()
+            if self._histories_current:
+                now = self.clock()
+                for key in self.histories.unfinished() - (snapshot.apps.keys() - self.registry.ended.keys()):
+                    self.histories.finished(key, self.registry.ended.get(key, now))
+        return self._histories_current
+
+    def _settle(self, keys: set[AppKey], policy: Any, snapshot: Snapshot) -> None:
+        """A follower's decision: the settings in force (for /apps and `sparkgate status`), from memory
+        rebuilt from the cluster; nothing is done or remembered."""
+        decision = decide(
+            snapshot, policy, self.clock(), {}, keys - self.registry.ended.keys(), in_flight=self._in_flight
+        )
+        self.settings = {**self.settings, **decision.settings}
+        for key in keys:
+            self.queue.done(key)
+
     def _decide(self, keys: set[AppKey], policy: Any, snapshot: Snapshot) -> None:
         started = time.perf_counter()
         decided_at = self.clock()
+        memory = self.memory
+        fresh = {k: rebuilt_memory(snapshot.apps[k]) for k in keys - memory.keys() if k in snapshot.apps}
         decision = decide(
             snapshot,
             policy,
             decided_at,
-            self.memory,
+            {**memory, **fresh} if fresh else memory,
             keys,
             deleted_exec_ids=self.histories.deleted_exec_ids(),
             in_flight=self._in_flight,
+            ended=self.registry.ended.keys(),
         )
         self.metrics.decision_seconds.observe(time.perf_counter() - started)
         for key, error in decision.errors.items():
@@ -242,13 +308,11 @@ class Controller:
             self.metrics.decision_errors.inc()
         for key, at in decision.due.items():
             self.queue.add_after(key, at - decided_at)
-        self.memory = {**self.memory, **decision.memory}
+        ended = self.registry.ended
+        self.memory = {**self.memory, **{k: m for k, m in decision.memory.items() if k not in ended}}
         self.settings = {**self.settings, **decision.settings}
         for scope, n in decision.limit_hits.items():
             self.metrics.limit_hits.labels(scope).inc(n)
-        for key, mem in decision.memory.items():
-            if mem.finished:
-                self.histories.finished(key, decided_at)
         acting = {a.app for a in decision.actions}
         for key in keys - acting:
             self.queue.done(key, False if key in decision.errors else None)
@@ -280,39 +344,51 @@ class Controller:
             self.metrics.decision_errors.inc()
         self.expectations.failed(set(releases) - set(result.released))
         if not result.ok:
+            self.metrics.namespaces.add(app.namespace)
             self.metrics.write_failures.labels(app.namespace).inc()
         self.queue.done(app, result.outcome)
 
     def _record_gone(self, gone: list[tuple[PodRecord, bool, float]], snapshot: Snapshot) -> None:
         for record, _removed, at in gone:
             view = snapshot.apps.get(record.app)
-            entry = classify(record, at, app_finishing=view is not None and view.finished)
-            if self.histories.record(record.app, record.uid, entry):
+            over = self.registry.ended.get(record.app)
+            entry = classify(
+                record, at, app_finishing=over is not None or (view is not None and view.finished)
+            )
+            if self.histories.record(record.app, record.uid, entry, ended_at=over):
+                self.metrics.namespaces.add(record.namespace)
                 self.metrics.deletions.labels(record.namespace, entry.reason.value).inc()
 
-    def _observe(self, snapshot: Snapshot, policy: Any) -> None:
+    def _observe(self, observed: Snapshot, policy: Any) -> None:
+        snapshot = self._visible(observed)
         observe_apps(self.metrics, snapshot)
         self.metrics.limit.labels("namespace").set(policy.max_pending_per_namespace if policy else 0)
         self.metrics.limit.labels("cluster").set(policy.max_pending_cluster if policy else 0)
         live = set(snapshot.apps)
-        self.queue.forget(live)
+        self.queue.forget(set(observed.apps))
         backoff = self.queue.failures()
         self.metrics.apps_backing_off.set(sum(1 for _, left in backoff.values() if left > 0))
         self.metrics.history_unsaved.set(self.histories.unsaved())
+        self.metrics.histories.set(self.histories.count())
         missing: dict[str, int] = {}
         for key, settings in self.settings.items():
-            if settings.waiting_for and settings.waiting_for.startswith("source ConfigMap") and key in live:
-                source = settings.waiting_for.split()[2]
-                missing[source] = missing.get(source, 0) + 1
+            if settings.missing_source is not None and key in live:
+                missing[settings.missing_source] = missing.get(settings.missing_source, 0) + 1
         for source in self._missing_sources - missing.keys():
-            self.metrics.missing_sources.labels(source).set(0)
+            self.metrics.missing_sources.remove(source)
         for source, n in missing.items():
             self.metrics.missing_sources.labels(source).set(n)
-        self._missing_sources |= missing.keys()
-        keep = live | self.histories.keys()
-        if len(self.memory) > len(keep):
-            self.memory = {k: m for k, m in self.memory.items() if k in keep}
-            self.settings = {k: s for k, s in self.settings.items() if k in keep}
+        self._missing_sources = set(missing)
+        if len(self.memory) > len(live) or len(self.settings) > len(live):
+            self.memory = {k: m for k, m in self.memory.items() if k in live}
+            self.settings = {k: s for k, s in self.settings.items() if k in live}
+
+    def _visible(self, snapshot: Snapshot) -> Snapshot:
+        """The apps that are not over (what /apps and the metrics show)."""
+        ended = self.ended
+        if not ended:
+            return snapshot
+        return Snapshot({k: v for k, v in snapshot.apps.items() if k not in ended}, snapshot.sources)
 
     # --- status (HTTP threads) ---------------------------------------------------------------------------
 
@@ -323,7 +399,7 @@ class Controller:
             if policy
             else {}
         )
-        snapshot = self.cache.snapshot()
+        snapshot = self._visible(self.cache.snapshot())
         histories = {k: h for k in snapshot.apps if (h := self.histories.view(k)) is not None}
         document = apps_document(
             snapshot, self.settings, self.memory, histories, limits, self.queue.failures()
@@ -334,12 +410,14 @@ class Controller:
 
     def app(self, namespace: str, app_id: str) -> dict[str, Any] | None:
         key = AppKey(namespace, app_id)
-        view = self.cache.snapshot().apps.get(key)
+        view = self._visible(self.cache.snapshot()).apps.get(key)
         history = self.histories.view(key)
-        if view is None:
+        if view is None:  # over (or unknown): what is left of it is its history, until it expires
             if history is None:
                 return None
-            view = AppView(key, (), None, True, frozenset())
+            return app_document(
+                AppView(key, (), None, True, frozenset()), None, AppMemory(finished=True), history
+            )
         return app_document(
             view, self.settings.get(key), self.memory.get(key), history, self.queue.failures().get(key)
         )

@@ -1,7 +1,9 @@
 """The allocator's Prometheus metrics (one process, its own registry, served on its /metrics).
 
-Per-app series (executors by state) are removed when the app ends, so a long-running cluster does not
-accumulate dead series.
+Per-app series (executors by state) are removed when the app ends, and every per-namespace series when its
+namespace has no app left, so a long-running cluster does not accumulate dead series. Written by the loop
+thread (gauges, pruning) and the actor threads (counters of releases and deletions); prometheus_client
+locks each metric.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import contextlib
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from sparkgate.contract import AppKey
+
+from .model import AppView, DeletionReason
 
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 EXTENDER_BUCKETS = (
@@ -173,6 +177,25 @@ class AllocatorMetrics:
             "Failed writes of a deletion history ConfigMap (retried after a backoff).",
             registry=r,
         )
+        self.history_ids_dropped = Counter(
+            "sparkgate_allocator_history_executor_ids_dropped",
+            "Deleted executor ids dropped from a deletion history to keep it within --history-executor-ids "
+            "(the reuse of a dropped id is no longer refused).",
+            registry=r,
+        )
+        self.apps_ended = Counter(
+            "sparkgate_allocator_apps_ended",
+            "Applications whose life ended, by mode (cluster: driver finished or gone; client: no sign of "
+            "life for --client-app-grace).",
+            ["mode"],
+            registry=r,
+        )
+        self.histories = Gauge(
+            "sparkgate_allocator_histories",
+            "Deletion histories held (one ConfigMap each once written); a finished app's expires after "
+            "--history-retention.",
+            registry=r,
+        )
         self.history_unsaved = Gauge(
             "sparkgate_allocator_history_unsaved",
             "Apps whose deletion history has changes not yet written.",
@@ -231,8 +254,11 @@ class AllocatorMetrics:
         for scope in ("app", "node"):
             for reason in ("oom_killed", "evicted", "exit_code", "rejected"):
                 self.extender_excluded.labels(scope, reason)
-        self._app_series: set[AppKey] = set()
-        self.namespaces: set[str] = set()  # namespaces whose per-namespace gauges are exported
+        self.app_series: set[AppKey] = set()  # apps with executors series
+        # Loop thread: what observe_apps (status.py) last wrote per app: (view, counts, bypassed pods).
+        self.observed: dict[AppKey, tuple[AppView, dict[str, int], int]] = {}
+        # Namespaces that may have per-namespace series (added where a series is written; pruned by the loop).
+        self.namespaces: set[str] = set()
         # Series whose label values are known in advance exist from the start at 0: increase() and rate()
         # cannot see a counter's first increments when its series appears with them.
         for scope in ("app", "namespace", "cluster"):
@@ -240,18 +266,45 @@ class AllocatorMetrics:
         for result in ("success", "failure"):
             self.policy_reloads.labels(result)
         self.decision_errors.inc(0)
+        self.history_ids_dropped.inc(0)
+        for mode in ("cluster", "client"):
+            self.apps_ended.labels(mode)
 
     def set_app(self, key: AppKey, counts: dict[str, int]) -> None:
         for state, n in counts.items():
             self.executors.labels(key.namespace, key.app_id, state).set(n)
-        self._app_series.add(key)
+        self.app_series.add(key)
+
+    def forget_app(self, key: AppKey) -> None:
+        """Remove every series of one app."""
+        self.observed.pop(key, None)
+        for state in ("gated", "in_flight", "running", "other"):
+            with contextlib.suppress(KeyError):
+                self.executors.remove(key.namespace, key.app_id, state)
+        self.app_series.discard(key)
 
     def forget_apps(self, live: set[AppKey]) -> None:
-        for key in self._app_series - live:
-            for state in ("gated", "in_flight", "running", "other"):
+        for key in self.app_series - live:
+            self.forget_app(key)
+
+    def forget_namespaces(self, live: set[str]) -> None:
+        """Remove every per-namespace series of the namespaces with no app left (their counters start again
+        from zero if an app comes back: Prometheus's rate() and increase() take that as a reset)."""
+        for namespace in self.namespaces - live:
+            for metric in (
+                self.in_flight,
+                self.bypassed,
+                self.releases,
+                self.gate_wait,
+                self.release_to_bind,
+                self.write_failures,
+            ):
                 with contextlib.suppress(KeyError):
-                    self.executors.remove(key.namespace, key.app_id, state)
-        self._app_series &= live
+                    metric.remove(namespace)
+            for reason in DeletionReason:
+                with contextlib.suppress(KeyError):
+                    self.deletions.remove(namespace, reason.value)
+        self.namespaces &= live
 
     def on_reload(self, result: str, error: str | None) -> None:
         self.policy_reloads.labels(result).inc()

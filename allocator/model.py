@@ -37,6 +37,7 @@ class PodRecord:
     exit_code: int | None = None
     gate_index: int | None = None  # position of the sparkgate gate in spec.schedulingGates (for the patch)
     finished: float | None = None  # when its container terminated (finishedAt), unix seconds, if known
+    copies: tuple[str, ...] = ()  # the sparkgate config-map copies its volumes mount (chosen at admission)
 
     @property
     def app(self) -> AppKey:
@@ -149,7 +150,7 @@ class AppMemory:
     """What the allocator remembers about an app between decisions (rebuilt on restart)."""
 
     last_release_at: float | None = None  # clock time of the last release
-    last_batch: frozenset[str] = frozenset()  # pod names of the last batch released
+    last_batch: frozenset[str] = frozenset()  # pod names of the last batch released (rebuilt: decision.py)
     waiting_since: float | None = None  # when the app last started waiting for room (for fairness)
     finished: bool = False
 

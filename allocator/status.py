@@ -45,16 +45,32 @@ def namespace_counts(snapshot: Snapshot) -> tuple[Counter[str], Counter[str]]:
 
 
 def observe_apps(metrics: AllocatorMetrics, snapshot: Snapshot) -> None:
-    """The per-app and per-namespace gauges of one step (every pod of every app is walked)."""
+    """The per-app and per-namespace gauges of one step. The pods of an app are walked only when its view
+    changed since the last step (the cache hands out the same view object until then), and its series are
+    written only when its counts changed: a step costs per app, not per pod (bench/months.py)."""
+    last, current = metrics.observed, {}
+    in_flight: Counter[str] = Counter()
+    bypassed: Counter[str] = Counter()
     for key, view in snapshot.apps.items():
-        metrics.set_app(key, executor_counts(view))
-    metrics.forget_apps(set(snapshot.apps))
-    in_flight, bypassed = namespace_counts(snapshot)
-    for namespace in {key.namespace for key in snapshot.apps} | metrics.namespaces:
+        known = last.get(key)
+        if known is None or known[0] is not view:
+            counts = executor_counts(view)
+            if known is None or known[1] != counts:
+                metrics.set_app(key, counts)
+            known = (view, counts, sum(p.bypassed for p in view.pods))
+        current[key] = known
+        in_flight[key.namespace] += known[1]["in_flight"]
+        bypassed[key.namespace] += known[2]
+    metrics.observed = current
+    if len(metrics.app_series) > len(current):
+        metrics.forget_apps(set(current))
+    live = {key.namespace for key in current}
+    metrics.forget_namespaces(live)
+    for namespace in live:
         metrics.in_flight.labels(namespace).set(in_flight[namespace])
         metrics.bypassed.labels(namespace).set(bypassed[namespace])
-    metrics.namespaces |= {key.namespace for key in snapshot.apps}
-    metrics.apps.set(len(snapshot.apps))
+    metrics.namespaces |= live
+    metrics.apps.set(len(current))
 
 
 def app_summary(
@@ -69,7 +85,7 @@ def app_summary(
     return {
         "namespace": view.key.namespace,
         "appId": view.key.app_id,
-        "profile": view.profile,  # from its pods: the same on every replica (settings: the leader's only)
+        "profile": view.profile,  # from its pods: the same on every replica
         "gated": counts["gated"],
         "inFlight": counts["in_flight"],
         "running": counts["running"],

@@ -6,7 +6,8 @@ Failed, reason Evicted, as the kubelet's eviction manager reports it) or `succee
 makes a node bad: every matching pod that starts there runs, then fails `start_delay` later (OOMKilled
 with exit 137 by default), until `heal(node)`. A pod with a
 deletionTimestamp on a node is removed after `terminate_delay` (capped by its grace period), as the
-kubelet does once its containers stopped.
+kubelet does once its containers stopped. A pod mounting a ConfigMap that does not exist stays Pending,
+its containers waiting in ContainerCreating, until the ConfigMap appears.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .errors import ApiError
 from .store import Obj, Store, now_rfc3339
 
 Key = tuple[str, str]
+MOUNT_RETRY = 0.5  # seconds between two attempts to mount a missing configMap volume
 
 
 class Kubelets:
@@ -133,6 +135,8 @@ class Kubelets:
             return
         now = now_rfc3339(self.store.clock)
         containers = (pod.get("spec") or {}).get("containers") or []
+        if self._unmountable(key, pod, containers):
+            return
 
         def running(status: dict[str, Any]) -> None:
             status["phase"] = "Running"
@@ -164,6 +168,36 @@ class Kubelets:
         labels = pod["metadata"].get("labels") or {}
         if bad is not None and all(labels.get(k) == v for k, v in bad[2].items()):
             self._later(self.start_delay, "crash", key)
+
+    def _unmountable(self, key: Key, pod: Obj, containers: list[Obj]) -> bool:
+        """A configMap volume whose ConfigMap does not exist (and is not `optional`) holds the pod: its
+        containers wait with reason ContainerCreating and the mount is tried again (the kubelet's volume
+        manager, pkg/kubelet/volumemanager; the error of pkg/volume/configmap/configmap.go's SetUpAt is
+        the API's `configmaps "<name>" not found`; the real retry backs off up to about 2 minutes, here a
+        fixed MOUNT_RETRY seconds)."""
+        names = [
+            v["configMap"].get("name", "")
+            for v in (pod.get("spec") or {}).get("volumes") or []
+            if v.get("configMap") and not v["configMap"].get("optional")
+        ]
+        if all(self._exists("configmaps", key[0], name) for name in names):
+            return False
+        self._later(MOUNT_RETRY, "start", key)
+        waiting = [
+            {"name": c.get("name"), "ready": False, "restartCount": 0, "image": c.get("image", ""),
+             "imageID": "", "state": {"waiting": {"reason": "ContainerCreating"}}}
+            for c in containers
+        ]  # fmt: skip
+        if (pod.get("status") or {}).get("containerStatuses") != waiting:
+            self._set_status(key, lambda status: status.update(containerStatuses=waiting))
+        return True
+
+    def _exists(self, resource: str, namespace: str, name: str) -> bool:
+        try:
+            self.store.get(resource, namespace, name)
+        except ApiError:
+            return False
+        return True
 
     def _crash(self, key: Key) -> None:
         pod = self.store.get("pods", key[0], key[1])

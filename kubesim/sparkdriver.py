@@ -9,7 +9,13 @@ Follows Spark's ExecutorPodsAllocator (resource-managers/kubernetes, Spark 3.x-4
   created with ids from a monotonic counter;
 - scaling down deletes excess Pending pods (newest first) and remembers their ids;
 - a pod that failed counts as an executor failure and is deleted; a creation the API server refuses counts
-  as one too (measured on 4.3), and at `max_failures` (default 2 x executors) the app dies.
+  as one too (measured on 4.3), and at `max_failures` (default 2 x executors) the app dies;
+- client mode (`driver_pod=False`: a notebook, `spark-shell`, a driver outside the cluster): no driver pod,
+  so the executors and the conf ConfigMap have no owner; `kill` is a kill -9 of the driver JVM: nothing is
+  deleted (measured on the real cluster, docs/real-cluster-facts.md: 40 executor pods stayed, 15 of them
+  gated forever), and each executor that runs or starts afterwards exits 1, as Spark's
+  CoarseGrainedExecutorBackend does when it loses its driver (`onDisconnected` -> `exitExecutor(1, ...)`) or
+  cannot reach it at start.
 """
 
 from __future__ import annotations
@@ -75,6 +81,9 @@ class SparkDriver:
         self._deleted: set[int] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._closed = (
+            threading.Event()
+        )  # the simulation is over (set by stop; after kill, ends the executors' loop)
         self._wake = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -106,11 +115,47 @@ class SparkDriver:
 
     def stop(self) -> None:
         """Stop requesting executors (the driver process stops; its pods stay until deleted)."""
+        self._closed.set()
+        self._halt()
+
+    def _halt(self) -> None:
         self._stop.set()
         self._wake.set()
         for thread in self._threads:
             thread.join(timeout=10)
         self.finished = True
+
+    def kill(self, exit_executor: Callable[[str, str], None]) -> None:
+        """kill -9 of the driver JVM: its pods stay; every executor that runs, now or later, exits 1, through
+        `exit_executor(namespace, pod name)` (the kubelet's `fail`). Until `stop`."""
+        self._halt()
+        thread = threading.Thread(
+            target=self._orphaned_executors,
+            args=(exit_executor,),
+            name=f"spark-executors-{self.app_name}",
+            daemon=True,
+        )
+        thread.start()
+        self._threads.append(thread)
+
+    def _orphaned_executors(self, exit_executor: Callable[[str, str], None]) -> None:
+        selector = f"spark-app-selector={self.app_id},spark-role=executor"
+        path = f"/api/v1/namespaces/{self.namespace}/pods"
+        while not self._closed.is_set():
+            try:
+                items, rv = self.kube.list(path, label_selector=selector)
+                for pod in items:
+                    _exit_if_running(pod, exit_executor)
+                for kind, obj in self.kube.watch(
+                    path, resource_version=rv, label_selector=selector, timeout_seconds=2
+                ):
+                    if kind in ("ADDED", "MODIFIED"):
+                        _exit_if_running(obj, exit_executor)
+                    if self._closed.is_set():
+                        return
+            except KubeError:
+                if self._closed.wait(0.2):
+                    return
 
     def delete_driver_pod(self) -> None:
         self.kube.delete(f"/api/v1/namespaces/{self.namespace}/pods/{self.driver_name}", grace_period=0)
@@ -313,6 +358,12 @@ class SparkDriver:
 def _exec_id(pod: Obj) -> int | None:
     raw = ((pod.get("metadata") or {}).get("labels") or {}).get("spark-exec-id", "")
     return int(raw) if raw.isdecimal() else None
+
+
+def _exit_if_running(pod: Obj, exit_executor: Callable[[str, str], None]) -> None:
+    if _state(pod) == "running":
+        with contextlib.suppress(Exception):  # gone meanwhile: nothing to end
+            exit_executor(pod["metadata"]["namespace"], pod["metadata"]["name"])
 
 
 def _state(pod: Obj) -> str:

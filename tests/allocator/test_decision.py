@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocator.decision import InFlightCounts, decide
+from allocator.decision import InFlightCounts, decide, rebuilt_memory
 from allocator.model import (
     AppMemory,
     AppView,
@@ -242,25 +242,66 @@ def test_finished_driver_deletes_gated_pods_and_config_maps() -> None:
 def test_config_maps_are_created_before_the_first_release_and_a_missing_source_holds_the_app() -> None:
     pol = policy(extra="    configMaps: [{source: log4j, mountPath: /etc/log4j}]")
     driver = DriverRecord("spark", "a-driver", "d1", "a", "Running", False)
-    app = view("a", [pod("a", 1), pod("a", 2)], driver=driver)
+    copy = contract.app_configmap_name("a", "log4j")
+    app = view("a", [pod("a", 1, copies=(copy,)), pod("a", 2, copies=(copy,))], driver=driver)
     held = decide(snap(app), pol, 100.0, {})
     assert released(held) == []
     assert any(isinstance(a, Event) and a.reason == "SourceConfigMapMissing" for a in held.actions)
+    assert held.settings[AppKey("spark", "a")].missing_source == "log4j"
     d = decide(snap(app, sources=frozenset({"log4j"})), pol, 100.0, {})
     first = d.actions[0]
-    assert (
-        isinstance(first, CreateConfigMap)
-        and first.name == contract.app_configmap_name("a", "log4j")
-        and first.owner == driver
-    )
+    assert isinstance(first, CreateConfigMap) and first.name == copy and first.owner == driver
     assert released(d) == ["a-exec-1", "a-exec-2"]
-    existing = view(
-        "a", [pod("a", 3)], driver=driver, config_maps=frozenset({contract.app_configmap_name("a", "log4j")})
-    )
+    existing = view("a", [pod("a", 3, copies=(copy,))], driver=driver, config_maps=frozenset({copy}))
     assert not any(
         isinstance(a, CreateConfigMap)
         for a in decide(snap(existing, sources=frozenset({"log4j"})), pol, 100.0, {}).actions
     )
+
+
+def test_the_copies_made_are_the_ones_the_pods_mount_whatever_the_policy_says_now() -> None:
+    """A policy edit in the middle of an app (its profile now names another source, or none): the pods
+    admitted before mount the copy chosen at admission, and that one is made, from its own source."""
+    old = contract.app_configmap_name("a", "log4j")
+    pods = [pod("a", 1, copies=(old,)), pod("a", 2, copies=(old,))]
+    renamed = policy(extra="    configMaps: [{source: log4j-v2, mountPath: /etc/log4j}]")
+    for pol in (renamed, policy()):
+        d = decide(snap(view("a", pods), sources=frozenset({"log4j", "log4j-v2"})), pol, 100.0, {})
+        assert [(a.name, a.source) for a in d.actions if isinstance(a, CreateConfigMap)] == [(old, "log4j")]
+        assert released(d) == ["a-exec-1", "a-exec-2"]
+    # The source of the copy the pods mount is gone: the app waits, named by the copy it cannot make.
+    held = decide(snap(view("a", pods), sources=frozenset({"log4j-v2"})), renamed, 100.0, {})
+    assert released(held) == [] and held.settings[AppKey("spark", "a")].missing_source == old
+    # Pods mounting no copy need none, whatever the profile names.
+    bare = decide(snap(view("a", [pod("a", 1)]), sources=frozenset({"log4j-v2"})), renamed, 100.0, {})
+    assert not any(isinstance(a, CreateConfigMap) for a in bare.actions) and released(bare) == ["a-exec-1"]
+
+
+def test_an_app_without_memory_waits_for_its_released_unbound_pods_as_its_last_batch() -> None:
+    """After a fail-over the new leader has no memory: the rule rebuilds the last batch from the cluster."""
+    pods = [pod("a", 1, gated=False), pod("a", 2, gated=False, node="n"), pod("a", 3)]
+    pods += [pod("a", 4, gated=False, profile=None)]  # bypassed: not released by sparkgate
+    app = view("a", pods)
+    rebuilt = rebuilt_memory(app)
+    assert rebuilt.last_batch == {"a-exec-1"}
+    held = decide(snap(app), policy(), 100.0, {AppKey("spark", "a"): rebuilt})
+    assert released(held) == [] and "previous batch" in (
+        held.settings[AppKey("spark", "a")].waiting_for or ""
+    )
+    bound = view("a", [replace(pods[0], node="n"), *pods[1:]])
+    assert released(decide(snap(bound), policy(), 100.0, {AppKey("spark", "a"): rebuilt})) == ["a-exec-3"]
+
+
+def test_an_app_that_is_over_has_its_gated_pods_and_copies_deleted_and_nothing_released() -> None:
+    app = view(
+        "a", [pod("a", 1), pod("a", 2, gated=False, phase="Failed")], config_maps=frozenset({"sg-a-x"})
+    )
+    d = decide(snap(app), policy(), 100.0, {}, ended={AppKey("spark", "a")})
+    assert [(type(a).__name__, getattr(a, "reason", None)) for a in d.actions] == [
+        ("DeletePod", DeletionReason.APP_FINISHED),
+        ("DeleteConfigMap", None),
+    ]
+    assert released(decide(snap(app), policy(), 100.0, {})) == ["a-exec-1"]
 
 
 def test_deciding_for_some_apps_still_counts_every_apps_pods_in_the_budget() -> None:

@@ -4,12 +4,18 @@ counts and recent records kept, and the persisted form read back (also from a ne
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from allocator.deletions import RECENT, History, classify
+from allocator import deletions
+from allocator.deletions import DATA_KEY, EXECUTOR_IDS, RECENT, History, HistoryStore, classify, history_name
 from allocator.model import DeletionReason, DeletionRecord, PodRecord
+from allocator.workqueue import Backoff
+from kubesim.cluster import Cluster
+from sparkgate import contract
+from sparkgate.contract import AppKey
+from sparkgate.kube import Kube
 
 
 def pod(
@@ -120,3 +126,50 @@ def test_history_from_an_empty_document() -> None:
     back = History.from_dict({})
     assert not back.counts and not back.recent and not back.exec_ids and back.finished_at is None
     assert len(History.from_dict({"recent": []}).recent) == 0
+
+
+def test_a_history_of_100000_deletions_of_one_app_stays_far_below_the_configmap_limit() -> None:
+    """Issue 18: every executor id was kept and the whole ConfigMap rewritten on each change, so a long
+    dynamic-allocation app reached the API server's 1 MiB object limit. Written to the API server and read
+    back, 100,000 deletions of one app stay a few tens of KiB; the ids dropped are counted."""
+    with Cluster(nodes=1) as cluster:
+        kube = Kube.from_kubeconfig(str(cluster.kubeconfig("admin")))
+        dropped: list[int] = []
+        store = HistoryStore(
+            kube,
+            contract.INSTALL_NAMESPACE,
+            retention=3600,
+            backoff=Backoff(1, 10),
+            on_truncate=dropped.append,
+        )
+        key = AppKey("spark", "spark-long")
+        for i in range(1, 100_001):
+            record = DeletionRecord(i, f"spark-long-exec-{i}", "node-1", 1000.0 + i, DeletionReason.SUCCEEDED)
+            assert store.record(key, f"uid-{i}", record)
+        # A deletion seen after its app ended (a late gone event) starts a finished history, which expires.
+        late = AppKey("spark", "spark-over")
+        assert store.record(late, "uid-late", record, ended_at=50.0)
+        assert (view := store.view(late)) is not None and view.finished_at == 50.0
+        store.flush()
+        saved = kube.get(f"/api/v1/namespaces/{contract.INSTALL_NAMESPACE}/configmaps/{history_name(key)}")
+        kube.close()
+    size = len(json.dumps(saved).encode())
+    assert size < 64 * 1024, size  # the limit is 1 MiB (etcd's request limit: 1.5 MiB)
+    back = History.from_dict(json.loads(saved["data"][DATA_KEY]))
+    assert back.counts[DeletionReason.SUCCEEDED] == 100_000
+    assert back.exec_ids == set(
+        range(100_001 - EXECUTOR_IDS, 100_001)
+    )  # the latest ids: Spark counts upwards
+    assert back.dropped == sum(dropped) == 100_000 - EXECUTOR_IDS
+    assert len(back.recent) == RECENT
+
+
+def test_the_uids_recorded_are_bounded_and_the_oldest_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(deletions, "RECORDED_UIDS", 4)
+    store = HistoryStore(cast(Kube, None), contract.INSTALL_NAMESPACE, retention=60, backoff=Backoff(1, 10))
+    key = AppKey("spark", "a")
+    record = DeletionRecord(1, "p", None, 1.0, DeletionReason.SUCCEEDED)
+    for i in range(5):
+        assert store.record(key, f"uid-{i}", record)
+    assert not store.record(key, "uid-4", record)  # seen: counted once
+    assert store.record(key, "uid-0", record)  # forgotten past the bound: the oldest half went

@@ -21,6 +21,7 @@ from allocator.loop import Options
 from allocator.metrics import AllocatorMetrics
 from kubesim.cluster import Cluster
 from sparkgate import contract
+from sparkgate.contract import AppKey
 from sparkgate.kube import Kube
 from sparkgate.policy_file import PolicySource
 
@@ -81,11 +82,13 @@ def test_a_follower_reports_each_apps_profile_and_the_nodes_refused_by_its_setti
         assert record is not None
         c.cache.pod_event("ADDED", executor(record.app_id, record.exec_id or 0, record.profile or ""))
         c.cache.pod_event("MODIFIED", pod)
-    c.step(c.queue.get(0))  # a follower's step: it observes and decides nothing
-    assert c.settings == {}
+    c.step(c.queue.get(0))  # a follower's step: it works out the settings in force and acts on nothing
+    assert c.memory == {} and c.settings.keys() == {AppKey("spark", "app-t"), AppKey("spark", "app-s")}
     with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/apps", timeout=30) as response:
         apps = {a["appId"]: a for a in json.load(response)["apps"]}
     assert apps["app-t"]["profile"] == "tolerant" and apps["app-s"]["profile"] == "spark"
+    # issue 20: a follower shows the limits in force, not "batch -, max -".
+    assert apps["app-s"]["limits"] == {"batchSize": 10, "batchDelaySeconds": 1.0, "maxPendingPerApp": 50}
     # Three failures on n1: enough under the top-level setting (3), not under the tolerant profile's (5).
     assert apps["app-t"]["excludedNodes"] == []
     assert [(e["node"], e["scope"]) for e in apps["app-s"]["excludedNodes"]] == [("n1", "app")]

@@ -259,6 +259,46 @@ def test_kubelet_runs_fails_and_evicts_pods(cluster: Cluster, core: client.CoreV
     assert b["status"]["reason"] == "Evicted" and phase("c") == "Succeeded"
 
 
+def test_a_pod_mounting_a_missing_config_map_waits_in_container_creating_until_it_exists(
+    cluster: Cluster, core: client.CoreV1Api
+) -> None:
+    """As the kubelet's volume manager: the pod stays Pending, its container waiting (ContainerCreating),
+    and starts once the ConfigMap exists; an `optional` one does not hold it."""
+    volumes = [
+        {"name": "conf", "configMap": {"name": "conf"}},
+        {"name": "opt", "configMap": {"name": "no", "optional": True}},
+    ]
+    core.create_namespaced_pod("spark", pod("m", volumes=volumes))
+
+    def waiting() -> str | None:
+        status = cluster.store.get("pods", "spark", "m")["status"]
+        states = [c["state"] for c in status.get("containerStatuses") or []]
+        return states[0].get("waiting", {}).get("reason") if states and status["phase"] == "Pending" else None
+
+    cluster.wait_for(lambda: waiting() == "ContainerCreating", what="the container waiting for its volume")
+    cluster.store.create("configmaps", {"metadata": {"name": "conf", "namespace": "spark"}, "data": {}})
+    cluster.wait_for(lambda: cluster.store.get("pods", "spark", "m")["status"]["phase"] == "Running")
+
+
+def test_a_killed_client_mode_driver_leaves_its_pods_and_its_executors_exit(cluster: Cluster) -> None:
+    """Client mode: no driver pod, nothing owned; kill -9 of the JVM deletes nothing, and its executors exit 1
+    when they lose the driver (Spark's CoarseGrainedExecutorBackend)."""
+    driver = cluster.spark_driver("spark", "nb", executors=3, batch_size=3, batch_delay=0.1, driver_pod=False)
+    cluster.wait_for(lambda: driver.running() == 3, what="3 running executors")
+    pods = lambda: cluster.store.list_objects("pods", "spark", label_selector="spark-role=executor")[0]  # noqa: E731
+    assert all("ownerReferences" not in p["metadata"] for p in pods())
+    assert not cluster.store.list_objects("pods", "spark", label_selector="spark-role=driver")[0]
+    driver.kill(cluster.kubelet.fail)
+    cluster.wait_for(
+        lambda: [p["status"]["phase"] for p in pods()] == ["Failed"] * 3, what="the executors exited"
+    )
+    conf = cluster.store.list_objects(
+        "configmaps", "spark", label_selector=f"spark-app-selector={driver.app_id}"
+    )[0]
+    assert len(conf) == 1 and "ownerReferences" not in conf[0]["metadata"]
+    driver.stop()
+
+
 def test_spark_driver_creates_batches_and_ends_with_all_running(cluster: Cluster) -> None:
     """Spark 4.x: one batch per cycle, the next only once the previous pods were seen (5, 5, 2)."""
     cluster.add_node("big", cpu="64", memory="256Gi")

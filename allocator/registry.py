@@ -1,0 +1,84 @@
+"""The life of each application: the one rule that says when an app is over.
+
+- Cluster mode (a driver pod was seen): over when its driver finished, or was seen and is gone
+  (`AppView.finished`).
+- Client mode (no driver pod ever seen: a notebook, `spark-shell`, a driver outside the cluster): Spark gives no
+  end signal when its JVM dies (its executor pods stay, gated ones forever), so the app is over when it showed
+  no sign of life for `client_grace` seconds. A sign of life is a pod of the app that is released and live
+  (Pending or Running, not being deleted) or a pod newer than any seen before. The grace starts when the
+  registry first sees the app (so after a restart every client-mode app gets a whole grace again).
+
+An app that is over is `ended` until the cache no longer holds anything of it (its terminated pods may stay in
+the cluster until the pod garbage collector takes them). An app of which the cluster holds nothing any more
+(a client-mode app that stopped cleanly: Spark deleted its executors and the copies) is over once the grace
+has passed since its last sign of life. The loop (Controller.step) calls `observe` once per
+step and, for each app it returns, `Controller.end` once: that removes everything sparkgate keeps of the app.
+An ended client-mode app in which a newer pod appears lives again.
+
+Owned by the loop thread: not thread-safe; other threads read `ended` only through the copy the loop
+publishes (`Controller.ended`, replaced, never mutated), never this object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sparkgate.contract import AppKey
+
+from .model import AppView, Snapshot
+
+
+@dataclass(slots=True)
+class _Life:
+    view: AppView  # the view last examined (the cache hands out the same object until the app changes)
+    last_alive: float  # clock time of the last sign of life
+    newest_pod: float  # the newest creationTimestamp of its pods seen so far
+    alive: bool  # the view has a released live pod
+
+
+def _alive(view: AppView) -> bool:
+    return any(not p.gated and not p.deleting and p.phase in ("Pending", "Running") for p in view.pods)
+
+
+def _newest(view: AppView) -> float:
+    return max((p.created for p in view.pods), default=0.0)
+
+
+class AppRegistry:
+    def __init__(self, client_grace: float) -> None:
+        self.client_grace = client_grace
+        self._lives: dict[AppKey, _Life] = {}
+        self.ended: dict[AppKey, float] = {}  # app -> when it ended; kept while the cache holds the app
+
+    def observe(self, snapshot: Snapshot, now: float) -> set[AppKey]:
+        """The apps whose life ended at this observation."""
+        ended: set[AppKey] = set()
+        for key, view in snapshot.apps.items():
+            life = self._lives.get(key)
+            if life is None:
+                life = self._lives[key] = _Life(view, now, _newest(view), _alive(view))
+            elif life.view is not view:
+                newest = _newest(view)
+                if newest > life.newest_pod and key in self.ended and not view.finished:
+                    del self.ended[key]  # a client-mode app that went on after all
+                    life.last_alive = now
+                life.view, life.alive = view, _alive(view)
+                if newest > life.newest_pod:
+                    life.newest_pod, life.last_alive = newest, now
+            if life.alive:
+                life.last_alive = now
+            if key in self.ended:
+                continue
+            if view.finished or (not view.driver_seen and now - life.last_alive >= self.client_grace):
+                self.ended[key] = now
+                ended.add(key)
+        if len(self._lives) > len(snapshot.apps):
+            for key in self._lives.keys() - snapshot.apps.keys():
+                # Gone from the cluster: over if it was, or once the grace has passed (a client-mode app
+                # that stopped cleanly: Spark deleted its executors and copies; or scaled to no pod a while).
+                if key in self.ended:
+                    del self._lives[key], self.ended[key]
+                elif now - self._lives[key].last_alive >= self.client_grace:
+                    del self._lives[key]
+                    ended.add(key)
+        return ended
