@@ -64,6 +64,11 @@ def pod_record(obj: Obj) -> PodRecord | None:
             if container.get("name") == contract.SPARK_CONTAINER_NAME:
                 break
     owner = next((r.get("uid") for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
+    # kube-scheduler's verdict on a pod it could not place (pkg/scheduler/schedule_one.go, handleSchedulingFailure)
+    unschedulable = any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in status.get("conditions") or ()
+    )
     return PodRecord(
         namespace=meta.get("namespace", ""),
         name=meta.get("name", ""),
@@ -84,6 +89,7 @@ def pod_record(obj: Obj) -> PodRecord | None:
         exit_code=exit_code,
         gate_index=gate_index,
         finished=finished,
+        unschedulable=unschedulable,
     )
 
 
