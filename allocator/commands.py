@@ -350,6 +350,14 @@ def run_allocator(args: argparse.Namespace) -> int:
     return 0
 
 
+def _window(pacing: dict[str, Any] | None) -> str:
+    """The status table's pacing column: `20 (slow-start, 3 unanswered)`."""
+    if not pacing:
+        return "-"
+    waiting = f", {pacing['unanswered']} unanswered" if pacing.get("unanswered") else ""
+    return f"{pacing['window']} ({pacing['reason']}{waiting})"
+
+
 def run_status(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -375,6 +383,7 @@ def run_status(args: argparse.Namespace) -> int:
         "running",
         "failed",
         "limits",
+        "window",
         "waiting for",
         "deletions",
         "refused nodes",
@@ -391,6 +400,7 @@ def run_status(args: argparse.Namespace) -> int:
             str(app["running"]),
             str(app["failed"]),
             f"batch {limits.get('batchSize', '-')}, max {limits.get('maxPendingPerApp', '-')}",
+            _window(app.get("pacing")),
             app.get("waitingFor") or "",
             ", ".join(f"{k}={v}" for k, v in app.get("deletions", {}).items()),
             "\n".join(

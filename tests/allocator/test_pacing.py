@@ -13,9 +13,12 @@ from hypothesis import strategies as st
 
 from allocator import pacing
 from allocator.cache import pod_record
+from allocator.commands import _window
 from allocator.decision import Decision, InFlightCounts, decide
+from allocator.metrics import AllocatorMetrics
 from allocator.model import AppMemory, PodRecord, Release, Snapshot
 from allocator.pacing import Reason, Window
+from allocator.status import observe_pacing, pacing_summary
 from sparkgate.contract import AppKey
 from sparkgate.policy import Policy, load_policy
 
@@ -268,3 +271,24 @@ def test_the_cache_reads_the_schedulers_verdict_from_the_pod_scheduled_condition
     assert not record({**refused, "reason": "SchedulerError"}).unschedulable  # an extender failed: no verdict
     assert not record({"type": "PodScheduled", "status": "True"}).unschedulable
     assert not record().unschedulable
+
+
+def test_apps_status_and_metrics_show_each_apps_window_and_why() -> None:
+    cluster, policy = Cluster(("a", 100), ("b", 5)), adaptive(batch=10)
+    cluster.decide(policy, 100.0)
+    cluster.answer("b", refuse=1)
+    cluster.decide(policy, 100.1)
+    assert pacing_summary(cluster.memory[A]) == {"window": 10, "reason": "slow-start", "unanswered": 10}
+    assert _window(pacing_summary(cluster.memory[AppKey("spark", "b")])) == "10 (unschedulable, 4 unanswered)"
+    metrics = AllocatorMetrics()
+    observe_pacing(metrics, cluster.memory, {A, AppKey("spark", "b")})
+
+    def sample(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, {"namespace": "spark", **labels})
+
+    assert sample("sparkgate_allocator_pacing_window", app="a") == 10
+    assert sample("sparkgate_allocator_pacing_state", app="b", reason="unschedulable") == 1
+    assert sample("sparkgate_allocator_pacing_state", app="b", reason="slow-start") == 0
+    observe_pacing(metrics, cluster.memory, {A})  # b is gone: its series go with it
+    assert sample("sparkgate_allocator_pacing_window", app="b") is None
+    assert sample("sparkgate_allocator_pacing_state", app="b", reason="unschedulable") is None
