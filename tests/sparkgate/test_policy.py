@@ -223,3 +223,13 @@ def test_field_paths() -> None:
 
 def test_digest_changes_with_the_text() -> None:
     assert load_policy(HEAD).digest != load_policy(HEAD + "# comment\n").digest
+
+
+def test_the_shipped_policies_pace_adaptively() -> None:
+    for path in (EXAMPLE, EXAMPLE.parents[2] / "base" / "policy.yaml"):
+        allocation = load_policy(path.read_text()).allocation
+        assert (allocation.pacing, allocation.max_batch_size, allocation.slow_bind_seconds) == (
+            "adaptive",
+            500,
+            5.0,
+        ), path
