@@ -67,6 +67,11 @@ def pod_record(obj: Obj) -> PodRecord | None:
         for v in spec.get("volumes") or []
         if str(v.get("name", "")).startswith(COPY_VOLUME_PREFIX) and (v.get("configMap") or {}).get("name")
     )
+    # kube-scheduler's verdict on a pod it could not place (pkg/scheduler/schedule_one.go, handleSchedulingFailure)
+    unschedulable = any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in status.get("conditions") or ()
+    )
     return PodRecord(
         namespace=meta.get("namespace", ""),
         name=meta.get("name", ""),
@@ -88,6 +93,7 @@ def pod_record(obj: Obj) -> PodRecord | None:
         gate_index=gate_index,
         finished=finished,
         copies=copies,
+        unschedulable=unschedulable,
     )
 
 

@@ -39,6 +39,7 @@ from sparkgate import contract
 from sparkgate.contract import AppKey
 from sparkgate.policy import Allocation, Policy, Profile
 
+from . import pacing
 from .model import (
     Action,
     AppMemory,
@@ -295,6 +296,11 @@ def _decide_app(
     out.extend(released)
     if waiting is not None and waiting[0] == "delay" and mem.last_release_at is not None:
         due[key] = mem.last_release_at + allocation.batch_delay_seconds
+    if (
+        mem.pacing is not None
+        and (check := pacing.next_check(mem.pacing, allocation, app.pods, now)) is not None
+    ):
+        due[key] = min(check, due.get(key, check))
     if waiting is not None and gated:
         scope, message = waiting
         type_ = "Warning" if scope == "source" else "Normal"
@@ -339,6 +345,7 @@ def _release(
     hits: Counter[str],
 ) -> tuple[tuple[str, str] | None, list[Action]]:
     """((scope, why) the remaining gated pods wait, or None; the actions that release a batch)."""
+    pace = mem.pacing = pacing.observe(mem.pacing, allocation, app.pods, now)  # the scheduler's answers
     if not gated:
         mem.waiting_since = None
         return None, []
@@ -347,25 +354,39 @@ def _release(
     if missing is not None:
         return ("source", f"source ConfigMap {missing} is missing in the sparkgate namespace"), []
     by_name = {p.name: p for p in app.pods}
-    unbound = [
-        n
-        for n in mem.last_batch
-        if n in by_name
-        and not by_name[n].gated  # a release that failed (409/422) is not waiting for the scheduler
-        and not by_name[n].deleting
-        and by_name[n].node is None
-        and by_name[n].phase == "Pending"
-    ]
-    if unbound:
-        return ("previous-batch", f"app {key}: previous batch not yet bound ({len(unbound)} pods)"), []
-    # A batch is at most batchSize pods, and the next one follows batchDelaySeconds after its last release.
-    # One cut short (Spark had not created the pods yet, or a budget bound) is topped up once it is bound,
-    # within its delay, rather than costing a whole delay: a first release of the one pod Spark created
-    # first no longer adds a batch to the ramp. Any span shorter than the delay sees at most batchSize.
-    window = mem.last_release_at is not None and now - mem.last_release_at < allocation.batch_delay_seconds
-    size = allocation.batch_size - len(mem.last_batch) if window else allocation.batch_size
-    if size <= 0:
-        return ("delay", f"app {key}: batch delay of {allocation.batch_delay_seconds:g}s"), []
+    # Pacing (allocator/pacing.py): while the window grows, it stands in for the fixed rule (previous batch
+    # bound, batch delay); after a fall back the fixed rule holds, a pod called unschedulable no longer waiting.
+    if pace.growing:
+        window, size = False, pace.size - pace.waiting
+        if size <= 0:
+            return (
+                "window",
+                f"app {key}: {pace.waiting} released pods not yet bound (window {pace.size})",
+            ), []
+    else:
+        unbound = [
+            n
+            for n in mem.last_batch
+            if n in by_name
+            and not by_name[n].gated  # a release that failed (409/422) is not waiting for the scheduler
+            and not by_name[n].deleting
+            and by_name[n].node is None
+            and by_name[n].phase == "Pending"
+            and not (pace.reason is not pacing.Reason.FIXED and by_name[n].unschedulable)  # answered
+        ]
+        if unbound:
+            return ("previous-batch", f"app {key}: previous batch not yet bound ({len(unbound)} pods)"), []
+        # A batch is at most batchSize pods, and the next one follows batchDelaySeconds after its last
+        # release. One cut short (Spark had not created the pods yet, or a budget bound) is topped up once it
+        # is bound, within its delay, rather than costing a whole delay: a first release of the one pod Spark
+        # created first no longer adds a batch to the ramp. Any span shorter than the delay sees at most
+        # batchSize.
+        window = (
+            mem.last_release_at is not None and now - mem.last_release_at < allocation.batch_delay_seconds
+        )
+        size = allocation.batch_size - len(mem.last_batch) if window else allocation.batch_size
+        if size <= 0:
+            return ("delay", f"app {key}: batch delay of {allocation.batch_delay_seconds:g}s"), []
     in_flight = sum(1 for p in app.pods if p.in_flight)
     in_namespace, total = budgets.namespace(key.namespace), budgets.cluster()
     rooms = {
@@ -395,6 +416,7 @@ def _release(
     names = frozenset(p.name for p in batch)
     mem.last_batch = mem.last_batch | names if window else names
     mem.last_release_at = now
+    mem.pacing = pacing.released(pace, names, now)
     mem.waiting_since = now if len(gated) > n else None
     return ((binding[0], rooms[binding[0]][1]) if binding and len(gated) > n else None), actions
 

@@ -54,7 +54,7 @@ from .health import Health
 from .metrics import AllocatorMetrics
 from .model import Action, AppMemory, AppView, DeletePod, PodRecord, Release, Snapshot
 from .registry import AppRegistry
-from .status import app_document, apps_document, observe_apps
+from .status import app_document, apps_document, observe_apps, observe_pacing
 from .workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -362,6 +362,7 @@ class Controller:
     def _observe(self, observed: Snapshot, policy: Any) -> None:
         snapshot = self._visible(observed)
         observe_apps(self.metrics, snapshot)
+        observe_pacing(self.metrics, self.memory, set(snapshot.apps))
         self.metrics.limit.labels("namespace").set(policy.max_pending_per_namespace if policy else 0)
         self.metrics.limit.labels("cluster").set(policy.max_pending_cluster if policy else 0)
         live = set(snapshot.apps)

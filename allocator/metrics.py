@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from sparkgate.contract import AppKey
 
 from .model import AppView, DeletionReason
+from .pacing import Reason, Window
 
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 EXTENDER_BUCKETS = (
@@ -259,6 +260,21 @@ class AllocatorMetrics:
         self.observed: dict[AppKey, tuple[AppView, dict[str, int], int]] = {}
         # Namespaces that may have per-namespace series (added where a series is written; pruned by the loop).
         self.namespaces: set[str] = set()
+        # Adaptive pacing (allocator/pacing.py), per app, set by the leader from its decisions' memory.
+        self.pacing_window = Gauge(
+            "sparkgate_allocator_pacing_window",
+            "Pods an app may have released and not yet answered by the scheduler (its pacing window).",
+            ["namespace", "app"],
+            registry=r,
+        )
+        self.pacing_state = Gauge(
+            "sparkgate_allocator_pacing_state",
+            "1 for the reason an app's window is what it is (slow-start, ceiling, unschedulable, slow-bind, "
+            "fixed), 0 for the others.",
+            ["namespace", "app", "reason"],
+            registry=r,
+        )
+        self._pacing_series: set[AppKey] = set()
         # Series whose label values are known in advance exist from the start at 0: increase() and rate()
         # cannot see a counter's first increments when its series appears with them.
         for scope in ("app", "namespace", "cluster"):
@@ -305,6 +321,21 @@ class AllocatorMetrics:
                 with contextlib.suppress(KeyError):
                     self.deletions.remove(namespace, reason.value)
         self.namespaces &= live
+
+    def set_pacing(self, key: AppKey, window: Window) -> None:
+        self.pacing_window.labels(key.namespace, key.app_id).set(window.size)
+        for reason in Reason:
+            self.pacing_state.labels(key.namespace, key.app_id, reason.value).set(reason is window.reason)
+        self._pacing_series.add(key)
+
+    def forget_pacing(self, live: set[AppKey]) -> None:
+        for key in self._pacing_series - live:
+            with contextlib.suppress(KeyError):
+                self.pacing_window.remove(key.namespace, key.app_id)
+            for reason in Reason:
+                with contextlib.suppress(KeyError):
+                    self.pacing_state.remove(key.namespace, key.app_id, reason.value)
+        self._pacing_series &= live
 
     def on_reload(self, result: str, error: str | None) -> None:
         self.policy_reloads.labels(result).inc()

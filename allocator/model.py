@@ -13,6 +13,8 @@ from enum import StrEnum
 
 from sparkgate.contract import NO_PROFILE, AppKey
 
+from .pacing import Window
+
 
 @dataclass(frozen=True, slots=True)
 class PodRecord:
@@ -38,6 +40,7 @@ class PodRecord:
     gate_index: int | None = None  # position of the sparkgate gate in spec.schedulingGates (for the patch)
     finished: float | None = None  # when its container terminated (finishedAt), unix seconds, if known
     copies: tuple[str, ...] = ()  # the sparkgate config-map copies its volumes mount (chosen at admission)
+    unschedulable: bool = False  # condition PodScheduled=False, reason Unschedulable: the scheduler's verdict
 
     @property
     def app(self) -> AppKey:
@@ -153,6 +156,7 @@ class AppMemory:
     last_batch: frozenset[str] = frozenset()  # pod names of the last batch released (rebuilt: decision.py)
     waiting_since: float | None = None  # when the app last started waiting for room (for fairness)
     finished: bool = False
+    pacing: Window | None = None  # the app's release window (allocator/pacing.py); None until first decided
 
 
 # --- actions -------------------------------------------------------------------------------------

@@ -73,6 +73,23 @@ def observe_apps(metrics: AllocatorMetrics, snapshot: Snapshot) -> None:
     metrics.apps.set(len(current))
 
 
+def observe_pacing(metrics: AllocatorMetrics, memory: Mapping[AppKey, AppMemory], live: set[AppKey]) -> None:
+    """Each live app's pacing window and its reason (the leader's decisions; a follower has none)."""
+    for key in live:
+        window = memory[key].pacing if key in memory else None
+        if window is not None:
+            metrics.set_pacing(key, window)
+    metrics.forget_pacing({key for key in live if key in memory and memory[key].pacing is not None})
+
+
+def pacing_summary(memory: AppMemory | None) -> dict[str, Any] | None:
+    """/apps' `pacing`: the app's window, why it is what it is, and how many released pods it waits for."""
+    window = memory.pacing if memory else None
+    if window is None:
+        return None
+    return {"window": window.size, "reason": window.reason.value, "unanswered": window.waiting}
+
+
 def app_summary(
     view: AppView,
     settings: AppSettings | None,
@@ -100,6 +117,7 @@ def app_summary(
             if allocation
             else None
         ),
+        "pacing": pacing_summary(memory),
         "waitingFor": settings.waiting_for if settings else None,
         "waitingSince": memory.waiting_since if memory else None,
         "lastReleaseAt": memory.last_release_at if memory else None,

@@ -29,6 +29,15 @@ def _limits(app: dict[str, Any]) -> str:
     return f"batch {'-' if batch is None else batch}, max {'-' if most is None else most}"
 
 
+def _window(app: dict[str, Any]) -> str:
+    """The pacing window and why it is what it is: `20 (slow-start, 3 unanswered)` (docs/policy.md, "Pacing")."""
+    pacing = app.get("pacing")
+    if not pacing:
+        return ""
+    waiting = f", {pacing['unanswered']} unanswered" if pacing.get("unanswered") else ""
+    return f"{pacing['window']} ({pacing['reason']}{waiting})"
+
+
 def _refused(app: dict[str, Any]) -> str:
     return "; ".join(
         e["message"].replace("sparkgate: ", f"{e['node']}: ") for e in app.get("excludedNodes") or []
@@ -54,6 +63,7 @@ COLUMNS = (
     ("RUNNING", lambda a: str(a["running"])),
     ("FAILED", lambda a: str(a["failed"])),
     ("LIMITS", _limits),
+    ("WINDOW", _window),
     ("WAITING FOR", lambda a: a.get("waitingFor") or ""),
 )
 WIDE_COLUMNS = (

@@ -7,7 +7,7 @@ attempts, API requests (by the drivers, by sparkgate, in all) and completion tim
 with/without. The demo is run as a command, as a user runs it, so this benchmark follows the demo as it
 changes; a failed run is reported with the demo's output, not hidden.
 
-    python -m bench.value [--scenario large] [--rounds 3] [--smoke]
+    python -m bench.value [--scenario large] [--pacing adaptive|fixed] [--rounds 3] [--smoke]
 """
 
 from __future__ import annotations
@@ -31,15 +31,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", default="large", help="a `sparkgate demo --list` scenario")
     parser.add_argument("--rounds", type=int, default=3, help="demo runs (each is without, then with)")
     parser.add_argument("--duration", type=float, help="bound of each run, seconds (default: the scenario's)")
+    parser.add_argument(
+        "--pacing", choices=("adaptive", "fixed"), help="the policy's (default: the scenario's)"
+    )
 
 
-def demo(scenario: str, duration: float | None) -> dict[str, Any]:
+def demo(scenario: str, duration: float | None, pacing: str | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="sparkgate-bench-value-") as tmp:
         out = Path(tmp) / "report.json"
         command = [sys.executable, "-m", "sparkgate.cli", "demo", "--scenario", scenario, "--no-live"]
         command += ["--json", str(out)]
         if duration is not None:
             command += ["--duration", str(duration)]
+        if pacing is not None:
+            command += ["--pacing", pacing]
         done = subprocess.run(
             command,
             capture_output=True,
@@ -81,8 +86,16 @@ def compare(report: dict[str, Any]) -> dict[str, Any]:
         ]
         return round(max(ends), 2) if ends and len(ends) == len(run["apps"]) else None
 
+    def all_running(run: dict[str, Any]) -> float | None:
+        """When every app had all its executors running, from the start of the run (None if one never did)."""
+        apps = run["apps"].values()
+        if any(app["all_running_after_s"] is None for app in apps):
+            return None
+        return round(max(app["submitted_s"] + app["all_running_after_s"] for app in apps), 2)
+
     done_without, done_with = completion(without), completion(with_)
     last_without, last_with = last(without), last(with_)
+    running_without, running_with = all_running(without), all_running(with_)
     return {
         "peak_unscheduled": {
             "without": without["peak_unscheduled_executor_pods"],
@@ -115,6 +128,11 @@ def compare(report: dict[str, Any]) -> dict[str, Any]:
             "with": last_with,
             "ratio": ratio(last_with, last_without),
         },
+        "all_running_after_s": {
+            "without": running_without,
+            "with": running_with,
+            "ratio": ratio(running_with, running_without),
+        },
         "demo_exit_code": report["demo_exit_code"],
     }
 
@@ -124,7 +142,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rounds = args.rounds
     if args.smoke:
         scenario, rounds = "tiny", 1
-    reports = [demo(scenario, duration) for _ in range(rounds)]
+    reports = [demo(scenario, duration, args.pacing) for _ in range(rounds)]
     comparisons = [compare(r) for r in reports]
 
     def med(get: Any) -> float | None:
@@ -137,6 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ("peak_unscheduled", lambda c: c["peak_unscheduled"]),
         ("scheduling_attempts", lambda c: c["scheduling_attempts"]),
         ("all_complete_after_s", lambda c: c["all_complete_after_s"]),
+        ("all_running_after_s", lambda c: c["all_running_after_s"]),
     ):
         summary[figure] = {
             side: med(lambda c, get=get, side=side: get(c)[side]) for side in ("without", "with", "ratio")
@@ -153,6 +172,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "description": first.get("description"),
         "executor_slots": first.get("executor_slots"),
         "cap": first.get("cap"),
+        "pacing": first.get("pacing"),
+        "spark_allocator": first.get("spark_allocator"),
         "source": "python -m sparkgate.cli demo --scenario NAME --no-live --json FILE (sandbox/demo/)",
         "rounds": rounds,
         "summary": summary,
@@ -180,7 +201,10 @@ def rows(result: dict[str, Any]) -> list[Row]:
 
     rounds = f"median of {result['rounds']}" if result["rounds"] > 1 else "one run"
     return [
-        Row("scenario", f"{result['scenario']}: {result['description']} ({rounds})"),
+        Row(
+            "scenario",
+            f"{result['scenario']}: {result['description']}, pacing {result['pacing']} ({rounds})",
+        ),
         Row(
             "peak unscheduled executor pods (without / with)",
             side_by_side(peak) + f", cap {cap}",
@@ -190,6 +214,10 @@ def rows(result: dict[str, Any]) -> list[Row]:
         Row("peak gated executor pods (with)", f"{s['peak_gated_with'] or 0:,.0f}"),
         Row("scheduling attempts (without / with)", side_by_side(attempts)),
         Row("API requests, all clients (without / with)", side_by_side(api)),
+        Row(
+            "every executor running after (without / with)",
+            side_by_side(s["all_running_after_s"], " s", 1),
+        ),
         Row(
             "last app complete after (without / with)",
             side_by_side(done, " s", 1),

@@ -16,6 +16,15 @@ Follows Spark's ExecutorPodsAllocator (resource-managers/kubernetes, Spark 3.x-4
   gated forever), and each executor that runs or starts afterwards exits 1, as Spark's
   CoarseGrainedExecutorBackend does when it loses its driver (`onDisconnected` -> `exitExecutor(1, ...)`) or
   cannot reach it at start.
+
+`allocator="deployment"` is Spark 4.2+'s `spark.kubernetes.allocation.pods.allocator=deployment`
+(docs/real-cluster-facts.md): Spark scales a Deployment `spark-d-<appId>-<rpId>` and the ReplicaSet controller
+creates every executor pod at once, with `spark-exec-id: EXECID` (a literal placeholder), `pod-template-hash`
+and `controller.kubernetes.io/pod-deletion-cost: "0"`, and creates a new one for each that is deleted or
+fails; Spark's batch size and max pending do not apply. kubesim serves no Deployments or ReplicaSets, so the
+driver stands in for the ReplicaSet controller: it creates those pods itself, every cycle up to the target,
+owned by the driver pod (on a real cluster: by the ReplicaSet, whose Deployment the driver owns; either way
+they go when the driver pod goes).
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ class SparkDriver:
         labels: dict[str, str] | None = None,
         annotations: dict[str, str] | None = None,
         max_failures: int | None = None,
+        allocator: str = "direct",  # or "deployment": every pod at once, as a ReplicaSet creates them
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.kube = Kube.from_kubeconfig(kubeconfig, max_attempts=3)
@@ -68,6 +78,7 @@ class SparkDriver:
         self.annotations = annotations or {}
         self.max_failures = max_failures if max_failures is not None else max(3, 2 * executors)
         self.clock = clock
+        self.deployment = allocator == "deployment"
         self.driver_uid: str | None = None
         self.created: list[int] = []  # executor ids, in creation order
         self.batches: list[int] = []  # pods created per allocation cycle that created any
@@ -235,6 +246,8 @@ class SparkDriver:
         if newly or count >= target:
             return
         n = min(target - count, self.batch_size, self.max_pending - not_running)
+        if self.deployment:
+            n = target - count  # the ReplicaSet creates every missing replica at once
         created = 0
         for _ in range(max(n, 0)):
             self._next_id += 1
@@ -319,16 +332,23 @@ class SparkDriver:
         labels = {
             **self.labels,
             **self._spark_labels("executor"),
-            "spark-exec-id": str(exec_id),
+            "spark-exec-id": "EXECID" if self.deployment else str(exec_id),
             "spark-exec-resourceprofile-id": "0",
         }
         meta: Obj = {"name": f"{self.app_name}-exec-{exec_id}", "labels": labels}
-        if self.annotations:
-            meta["annotations"] = dict(self.annotations)
+        annotations = dict(self.annotations)
+        if self.deployment:
+            # The ReplicaSet's pod: named <replicaset>-<suffix> (a sequence number here, 5 random characters
+            # on a real cluster, which _exec_id reads back as the simulation's key).
+            labels["pod-template-hash"] = DEPLOYMENT_HASH
+            annotations["controller.kubernetes.io/pod-deletion-cost"] = "0"
+            meta["name"] = f"spark-d-{self.app_id}-0-{DEPLOYMENT_HASH}-{exec_id:05d}"
+        if annotations:
+            meta["annotations"] = annotations
         if self.driver_uid:
             meta["ownerReferences"] = [self._owner()]
         env = [
-            {"name": "SPARK_EXECUTOR_ID", "value": str(exec_id)},
+            {"name": "SPARK_EXECUTOR_ID", "value": labels["spark-exec-id"]},
             {"name": "SPARK_APPLICATION_ID", "value": self.app_id},
             {"name": "SPARK_DRIVER_URL", "value": f"spark://CoarseGrainedScheduler@{self.driver_name}:7078"},
         ]
@@ -355,8 +375,16 @@ class SparkDriver:
         }
 
 
+DEPLOYMENT_HASH = "5d8f7c9b6"  # the pod-template-hash of the simulated ReplicaSet
+
+
 def _exec_id(pod: Obj) -> int | None:
-    raw = ((pod.get("metadata") or {}).get("labels") or {}).get("spark-exec-id", "")
+    """The pod's key in the simulation: Spark's executor id, or for a Deployment's pod (spark-exec-id EXECID)
+    the sequence number its name ends with."""
+    meta = pod.get("metadata") or {}
+    raw = (meta.get("labels") or {}).get("spark-exec-id", "")
+    if raw == "EXECID":
+        raw = meta.get("name", "").rpartition("-")[2]
     return int(raw) if raw.isdecimal() else None
 
 

@@ -29,6 +29,7 @@ ALWAYS_EXCLUDED = ("kube-system",)
 MAX_BATCH = 10_000
 MAX_PENDING = 1_000_000
 MAX_DELAY_SECONDS = 3600.0
+PACING = ("adaptive", "fixed")  # docs/policy.md "Pacing"; allocator/pacing.py is the rule
 
 
 class PolicyError(ValueError):
@@ -46,6 +47,12 @@ class Allocation:
     batch_size: int
     batch_delay_seconds: float
     max_pending_per_app: int
+    pacing: str = "fixed"  # "adaptive": the window grows while the scheduler binds at once (pacing.py)
+    max_batch_size: int = 500  # the adaptive window's ceiling
+    slow_bind_seconds: float = 5.0  # a released pod unbound this long makes adaptive pacing fall back
+
+    def with_override(self, o: AllocationOverride) -> Allocation:
+        return replace(self, **{k: v for k, v in vars(o).items() if v is not None})
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,9 @@ class AllocationOverride:
     batch_size: int | None = None
     batch_delay_seconds: float | None = None
     max_pending_per_app: int | None = None
+    pacing: str | None = None
+    max_batch_size: int | None = None
+    slow_bind_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -150,18 +160,7 @@ class Policy:
         Annotations are clamped to [1, cap]. A malformed annotation is ignored; the returned list says
         which and why, for a Warning event.
         """
-        base = self.allocation
-        if profile is not None:
-            o = profile.allocation
-            base = Allocation(
-                batch_size=o.batch_size if o.batch_size is not None else base.batch_size,
-                batch_delay_seconds=(
-                    o.batch_delay_seconds if o.batch_delay_seconds is not None else base.batch_delay_seconds
-                ),
-                max_pending_per_app=(
-                    o.max_pending_per_app if o.max_pending_per_app is not None else base.max_pending_per_app
-                ),
-            )
+        base = self.allocation if profile is None else self.allocation.with_override(profile.allocation)
         problems: list[str] = []
 
         def annotated(key: str, cap: int) -> int | None:
@@ -290,7 +289,14 @@ def _kind(value: object) -> str:
     )
 
 
-_ALLOCATION_KEYS = {"batchSize", "batchDelaySeconds", "maxPendingPerApp"}
+_ALLOCATION_KEYS = {
+    "batchSize",
+    "batchDelaySeconds",
+    "maxPendingPerApp",
+    "pacing",
+    "maxBatchSize",
+    "slowBindSeconds",
+}
 _CLUSTER_KEYS = _ALLOCATION_KEYS | {"maxPendingPerNamespace", "maxPendingCluster"}
 _PROFILE_KEYS = {
     "name",
@@ -307,12 +313,15 @@ _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _PATH_SEGMENT = re.compile(r"^([A-Za-z][A-Za-z0-9]*)(?:\[([^\[\]]+)\])?$")
 
-DEFAULT_ALLOCATION: dict[str, float | int] = {
+DEFAULT_ALLOCATION: dict[str, Any] = {
     "batchSize": 10,
     "batchDelaySeconds": 1,
     "maxPendingPerApp": 50,
     "maxPendingPerNamespace": 200,
     "maxPendingCluster": 500,
+    "pacing": Allocation.pacing,
+    "maxBatchSize": Allocation.max_batch_size,
+    "slowBindSeconds": Allocation.slow_bind_seconds,
 }
 
 
@@ -340,21 +349,25 @@ def load_policy(text: str, install_namespace: str = contract.INSTALL_NAMESPACE) 
     cluster = dict(DEFAULT_ALLOCATION)
     if "allocation" in top:
         with r.at("allocation"):
-            cluster.update(_read_numbers(r, r.mapping(top["allocation"], _CLUSTER_KEYS)))
+            cluster.update(_read_allocation(r, r.mapping(top["allocation"], _CLUSTER_KEYS)))
     caps_raw: dict[str, float | int] = {
         "batchSize": max(100, int(cluster["batchSize"])),
         "maxPendingPerApp": cluster["maxPendingCluster"],
     }
     if "caps" in top:
         with r.at("caps"):
-            caps_raw.update(_read_numbers(r, r.mapping(top["caps"], {"batchSize", "maxPendingPerApp"})))
+            caps_raw.update(_read_allocation(r, r.mapping(top["caps"], {"batchSize", "maxPendingPerApp"})))
     caps = Caps(batch_size=int(caps_raw["batchSize"]), max_pending_per_app=int(caps_raw["maxPendingPerApp"]))
     allocation = Allocation(
         batch_size=int(cluster["batchSize"]),
         batch_delay_seconds=float(cluster["batchDelaySeconds"]),
         max_pending_per_app=int(cluster["maxPendingPerApp"]),
+        pacing=str(cluster["pacing"]),
+        max_batch_size=int(cluster["maxBatchSize"]),
+        slow_bind_seconds=float(cluster["slowBindSeconds"]),
     )
     _check_within_caps(r, "allocation", allocation.batch_size, allocation.max_pending_per_app, caps)
+    _check_window(r, "allocation", allocation)
 
     excluded = r.child(top, "excludedNamespaces", r.strings, ())
     scheduling = Scheduling().with_override(
@@ -368,7 +381,7 @@ def load_policy(text: str, install_namespace: str = contract.INSTALL_NAMESPACE) 
             raw_profiles = []
     for i, raw in enumerate(raw_profiles):
         with r.at(f"profiles[{i}]"):
-            profile = _read_profile(r, raw, caps)
+            profile = _read_profile(r, raw, caps, allocation)
         if profile is not None:
             if any(p.name == profile.name for p in profiles):
                 r.error(f"duplicate profile name {profile.name!r}", at=f"profiles[{i}].name")
@@ -388,13 +401,29 @@ def load_policy(text: str, install_namespace: str = contract.INSTALL_NAMESPACE) 
     )
 
 
-def _read_numbers(r: _Reader, raw: dict[str, Any]) -> dict[str, float | int]:
+def _read_allocation(r: _Reader, raw: dict[str, Any]) -> dict[str, Any]:
+    def pacing(value: object) -> str | None:
+        if value not in PACING:
+            r.error(f"expected one of {', '.join(PACING)}, got {value!r}")
+            return None
+        return str(value)
+
+    def bound(value: object) -> float | None:
+        seconds = r.seconds(value)
+        if seconds == 0:
+            r.error("must be more than 0 (a pod is never bound at the instant it is released)")
+            return None
+        return seconds
+
     readers: dict[str, Callable[[object], Any]] = {
         "batchSize": r.integer(1, MAX_BATCH),
         "batchDelaySeconds": r.seconds,
         "maxPendingPerApp": r.integer(1, MAX_PENDING),
         "maxPendingPerNamespace": r.integer(1, MAX_PENDING),
         "maxPendingCluster": r.integer(1, MAX_PENDING),
+        "pacing": pacing,
+        "maxBatchSize": r.integer(1, MAX_BATCH),
+        "slowBindSeconds": bound,
     }
     out = {}
     for key in raw:
@@ -403,6 +432,16 @@ def _read_numbers(r: _Reader, raw: dict[str, Any]) -> dict[str, float | int]:
             if value is not None:
                 out[key] = value
     return out
+
+
+def _check_window(r: _Reader, where: str, allocation: Allocation) -> None:
+    """The adaptive window starts at batchSize and grows up to maxBatchSize: a ceiling below the start is a
+    contradiction, refused rather than silently raised."""
+    if allocation.max_batch_size < allocation.batch_size:
+        r.errors.append(
+            f"{where}.maxBatchSize: {allocation.max_batch_size} is below batchSize ({allocation.batch_size}); "
+            "the adaptive window starts at batchSize and grows up to maxBatchSize"
+        )
 
 
 def _check_within_caps(r: _Reader, where: str, batch: int | None, pending: int | None, caps: Caps) -> None:
@@ -414,7 +453,7 @@ def _check_within_caps(r: _Reader, where: str, batch: int | None, pending: int |
         )
 
 
-def _read_profile(r: _Reader, raw: object, caps: Caps) -> Profile | None:
+def _read_profile(r: _Reader, raw: object, caps: Caps, defaults: Allocation) -> Profile | None:
     errors_before = len(r.errors)
     p = r.mapping(raw, _PROFILE_KEYS, required=frozenset({"name"}))
     name = r.child(p, "name", r.string)
@@ -445,13 +484,17 @@ def _read_profile(r: _Reader, raw: object, caps: Caps) -> Profile | None:
     allocation = AllocationOverride()
     if "allocation" in p:
         with r.at("allocation"):
-            numbers = _read_numbers(r, r.mapping(p["allocation"], _ALLOCATION_KEYS))
+            numbers = _read_allocation(r, r.mapping(p["allocation"], _ALLOCATION_KEYS))
             allocation = AllocationOverride(
                 batch_size=_opt_int(numbers.get("batchSize")),
                 batch_delay_seconds=_opt_float(numbers.get("batchDelaySeconds")),
                 max_pending_per_app=_opt_int(numbers.get("maxPendingPerApp")),
+                pacing=numbers.get("pacing"),
+                max_batch_size=_opt_int(numbers.get("maxBatchSize")),
+                slow_bind_seconds=_opt_float(numbers.get("slowBindSeconds")),
             )
             _check_within_caps(r, r.here, allocation.batch_size, allocation.max_pending_per_app, caps)
+            _check_window(r, r.here, defaults.with_override(allocation))
     scheduling = r.child(p, "scheduling", lambda v: _read_scheduling(r, v, False), SchedulingOverride())
     if len(r.errors) > errors_before or name is None:
         return None

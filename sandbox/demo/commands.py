@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -29,6 +30,11 @@ def register(subparsers: Any) -> None:
     )
     d.add_argument("--no-live", action="store_true", help="plain progress lines instead of the live view")
     d.add_argument("--json", type=Path, help="also write the comparison to this file")
+    d.add_argument(
+        "--pacing",
+        choices=("adaptive", "fixed"),
+        help="the policy's pacing (default: the scenario's, adaptive)",
+    )
     d.add_argument("--list", action="store_true", help="list the scenarios and exit")
     d.set_defaults(run=run_demo)
 
@@ -42,6 +48,8 @@ def run_demo(args: argparse.Namespace) -> int:
     # The simulated drivers log retries and refusals; the runs are measured, not logged.
     logging.basicConfig(level=logging.ERROR)
     scenario = SCENARIOS[args.scenario]
+    if args.pacing:
+        scenario = dataclasses.replace(scenario, pacing=args.pacing)
     duration = args.duration if args.duration is not None else scenario.duration
     live = not args.no_live and console.is_terminal
     apps = ", ".join(f"{a.name} ({a.executors})" for a in scenario.apps)
@@ -49,7 +57,8 @@ def run_demo(args: argparse.Namespace) -> int:
         f"[bold]sparkgate demo[/bold] · scenario [bold]{scenario.name}[/bold]: {scenario.description}\n"
         f"kubesim cluster: {scenario.nodes} nodes, room for {scenario.capacity} executors · apps: {apps}\n"
         f"policy: batchSize {scenario.batch_size}, maxPendingPerApp {scenario.max_pending_per_app}, "
-        f"maxPendingCluster {scenario.max_pending_cluster} · each run is bounded to {duration:g}s"
+        f"maxPendingCluster {scenario.max_pending_cluster}, pacing {scenario.pacing} · "
+        f"each run is bounded to {duration:g}s"
     )
     results: list[RunResult] = []
     for sparkgate in (False, True):

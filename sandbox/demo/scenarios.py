@@ -39,6 +39,10 @@ class Scenario:
     batch_delay: float = 0.2
     spark_batch_delay: float = 1.0  # spark.kubernetes.allocation.batch.delay
     duration: float = 50.0  # default bound of one run, seconds
+    pacing: str = (
+        "adaptive"  # the policy's pacing (docs/policy.md "Pacing"); `sparkgate demo --pacing` overrides
+    )
+    spark_allocator: str = "direct"  # or "deployment": Spark 4.2+ creates every executor at once
 
     @property
     def capacity(self) -> int:
@@ -54,9 +58,10 @@ allocation:
   maxPendingPerApp: {self.max_pending_per_app}
   maxPendingPerNamespace: {self.max_pending_cluster}
   maxPendingCluster: {self.max_pending_cluster}
+  pacing: {self.pacing}
 caps:
-  batchSize: 50
-  maxPendingPerApp: 100
+  batchSize: {max(50, self.batch_size)}
+  maxPendingPerApp: {max(100, self.max_pending_per_app)}
 profiles:
   - name: demo
     labels:
@@ -143,6 +148,26 @@ SCENARIOS = {
             max_pending_per_app=40,
             max_pending_cluster=60,
             duration=120.0,
+        ),
+        *(
+            Scenario(
+                f"roomy{suffix}",
+                f"five drivers of 200 executors on room for 1,000 ({what}): sparkgate must cost nothing",
+                nodes=10,
+                executors_per_node=100,
+                apps=tuple(AppSpec(f"app-{i}", 200, 0.0, 20.0, spark_batch=spark_batch) for i in range(5)),
+                batch_size=10,
+                batch_delay=1.0,
+                max_pending_per_app=200,
+                max_pending_cluster=1000,
+                duration=120.0,
+                spark_allocator=allocator,
+            )
+            for suffix, what, spark_batch, allocator in (
+                ("", "Spark batch 10", 10, "direct"),
+                ("-batch100", "Spark batch 100", 100, "direct"),
+                ("-deployment", "Spark's Deployment allocator: every executor at once", 10, "deployment"),
+            )
         ),
     )
 }

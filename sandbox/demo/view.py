@@ -129,6 +129,11 @@ def comparison(scenario: Scenario, without: RunResult, with_: RunResult) -> Tabl
         _seconds(_mean(without, "first_executor_after_s")),
         _seconds(_mean(with_, "first_executor_after_s")),
     )
+    table.add_row(
+        "every app had all its executors running after",
+        _seconds(_worst(without, "all_running_after_s")),
+        _seconds(_worst(with_, "all_running_after_s")),
+    )
     for name in without.apps:
         table.add_row(
             f"  {name} complete after",
@@ -158,6 +163,8 @@ def report_dict(scenario: Scenario, without: RunResult, with_: RunResult) -> dic
         "description": scenario.description,
         "executor_slots": scenario.capacity,
         "cap": scenario.max_pending_cluster,
+        "pacing": scenario.pacing,
+        "spark_allocator": scenario.spark_allocator,
         "without": without.to_dict(),
         "with": with_.to_dict(),
     }

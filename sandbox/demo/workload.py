@@ -39,6 +39,9 @@ class AppState:
     work_done: float = 0.0  # executor-seconds
     since: float = 0.0  # when `running` last changed
     first_running: float | None = None  # seconds since the run started
+    all_running: float | None = (
+        None  # when all its executors first ran at once, seconds since the run started
+    )
     complete: float | None = None  # seconds since the run started
 
     def work_at(self, now: float) -> float:
@@ -59,6 +62,9 @@ class AppState:
             "first_executor_after_s": None
             if self.first_running is None
             else round(self.first_running - self.submitted, 2),
+            "all_running_after_s": None
+            if self.all_running is None
+            else round(self.all_running - self.submitted, 2),
             "complete_after_s": None if self.complete is None else round(self.complete - self.submitted, 2),
             "deleted_before_running": self.deleted,
         }
@@ -159,6 +165,9 @@ class Tracker:
                 app.running += sign
                 if app.first_running is None and sign > 0:
                     app.first_running = now
+                target = app.spec.scale_to[1] if app.spec.scale_to else app.spec.executors
+                if app.all_running is None and app.running >= target:
+                    app.all_running = now
 
     def finish(self, app: AppState, at: float) -> None:
         with self.lock:
@@ -278,6 +287,7 @@ class Run:
                         batch_delay=self.scenario.spark_batch_delay,
                         cpu="1",
                         memory="1Gi",
+                        allocator=self.scenario.spark_allocator,
                         start=False,
                     )
                     state = tracker.register(spec, driver.app_id)

@@ -19,7 +19,7 @@ from sparkgate import contract
 POLICY = """
 apiVersion: sparkgate.io/v1alpha1
 kind: Policy
-allocation: {{batchSize: {batch}, batchDelaySeconds: {delay}, maxPendingPerApp: {per_app}, maxPendingPerNamespace: {per_ns}, maxPendingCluster: {cluster}}}
+allocation: {{batchSize: {batch}, batchDelaySeconds: {delay}, maxPendingPerApp: {per_app}, maxPendingPerNamespace: {per_ns}, maxPendingCluster: {cluster}, pacing: {pacing}}}
 caps: {{batchSize: {cap_batch}, maxPendingPerApp: {cap_pending}}}
 profiles:
   - name: spark
@@ -38,6 +38,7 @@ def write_policy(
     cap_batch: int = 50,
     cap_pending: int = 100,
     config_maps: str = "[]",
+    pacing: str = "fixed",
 ) -> Path:
     path.write_text(
         POLICY.format(
@@ -49,6 +50,7 @@ def write_policy(
             cap_batch=cap_batch,
             cap_pending=cap_pending,
             config_maps=config_maps,
+            pacing=pacing,
         )
     )
     return path

@@ -137,6 +137,9 @@ def test_value(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
     assert comparison["api_requests"]["total_with"] > 0 and comparison["api_requests"]["total_without"] > 0
     assert comparison["scheduling_attempts"]["with"] < comparison["scheduling_attempts"]["without"]
     assert set(comparison["completion_after_submission_s"]["with"]) == {"a", "b", "c"}
+    assert document["pacing"] == "adaptive"  # the scenario's, as the shipped policies
+    running = comparison["all_running_after_s"]
+    assert set(running) == {"without", "with", "ratio"}
 
 
 def test_extender(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:

@@ -320,6 +320,32 @@ def test_spark_driver_creates_batches_and_ends_with_all_running(cluster: Cluster
     )
 
 
+def test_spark_deployment_allocator_creates_every_executor_at_once_and_replaces_deleted_ones(
+    cluster: Cluster,
+) -> None:
+    """Spark 4.2+'s Deployment allocator (docs/real-cluster-facts.md): all replicas at once, whatever the batch
+    size, with spark-exec-id EXECID, pod-template-hash and a pod-deletion-cost; a deleted one is recreated."""
+    cluster.add_node("big", cpu="64", memory="256Gi")
+    driver = cluster.spark_driver(
+        "spark", "dep", executors=20, batch_size=5, batch_delay=0.2, cpu="1", allocator="deployment"
+    )
+    cluster.wait_for(lambda: driver.running() == 20, what="20 running executors")
+    assert driver.batches == [20]
+    executors = cluster.store.list_objects("pods", "spark", label_selector="spark-role=executor")[0]
+    for p in executors:
+        meta = p["metadata"]
+        assert meta["labels"]["spark-exec-id"] == "EXECID" and meta["labels"]["pod-template-hash"]
+        assert meta["annotations"]["controller.kubernetes.io/pod-deletion-cost"] == "0"
+        assert meta["name"].startswith(f"spark-d-{driver.app_id}-0-")
+    gone = executors[0]["metadata"]["name"]
+    cluster.store.delete("pods", "spark", gone, grace_period_seconds=0)
+    cluster.wait_for(
+        lambda: driver.running() == 20 and len(driver.created) == 21, what="the deleted replica replaced"
+    )
+    names = {p["metadata"]["name"] for p in cluster.store.list_objects("pods", "spark")[0]}
+    assert gone not in names and driver.batches == [20, 1]
+
+
 def test_spark_driver_dies_after_twice_its_executors_denied_creations(cluster: Cluster) -> None:
     """Measured on Spark 4.3: every denied creation is an executor failure; the app dies at 2 x executors."""
     deny = TinyWebhook(lambda r: {"allowed": False, "status": {"code": 403, "message": "no"}})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ from sandbox.demo.scenarios import SCENARIOS, AppSpec
 from sandbox.demo.view import live_view, plain_line
 from sandbox.demo.workload import Run, Tracker
 from sparkgate import contract
+from sparkgate.policy import load_policy
 
 DURATION = 120  # seconds
 
@@ -51,6 +53,8 @@ def test_the_demo_compares_without_and_with_and_leaves_nothing_behind(tmp_path: 
             "--no-live",
             "--json",
             str(out),
+            "--pacing",  # the scenario's is adaptive (bench/value's smoke run); this run is the fixed rule
+            "fixed",
         ],
         capture_output=True,
         text=True,
@@ -61,6 +65,7 @@ def test_the_demo_compares_without_and_with_and_leaves_nothing_behind(tmp_path: 
     report = json.loads(out.read_text())
     cap = SCENARIOS["tiny"].max_pending_cluster
     without, with_ = report["without"], report["with"]
+    assert report["pacing"] == "fixed" and "pacing fixed" in done.stdout
     # The cluster is too small: without sparkgate the scheduler queue floods; with it, never past the cap.
     assert without["peak_unscheduled_executor_pods"] > cap
     assert 0 < with_["peak_unscheduled_executor_pods"] <= cap
@@ -124,6 +129,7 @@ def test_tracker_counts_states_peaks_and_integrates_work() -> None:
     assert app.deleted == 1 and tracker.gated == 0
     tracker.finish(app, 4.5)
     assert app.summary()["complete_after_s"] == 4.5 and app.summary()["first_executor_after_s"] == 1.0
+    assert app.summary()["all_running_after_s"] == 2.0  # both of its executors ran from then on
     tracker.on_change("ADDED", "pods", {**pod("p4", "app-1", gated=False), "metadata": {
         **pod("p4", "app-1", gated=False)["metadata"], "annotations": {}}})  # fmt: skip
     assert tracker.bypassed == 1
@@ -148,3 +154,16 @@ def test_the_live_view_shows_each_app_and_the_cluster_against_the_cap() -> None:
     assert "waiting for executors" in row
     assert "1 unscheduled / cap 4 (peak 1)" in text and "3 gated" in text
     assert plain_line(run).startswith("[with sparkgate] t=  2.0s unscheduled=1 (peak 1) gated=3")
+
+
+def test_every_scenarios_policy_loads_with_its_pacing_and_the_roomy_ones_cover_spark_allocators() -> None:
+    for scenario in SCENARIOS.values():
+        for pacing in ("adaptive", "fixed"):
+            policy = load_policy(dataclasses.replace(scenario, pacing=pacing).policy_yaml())
+            assert policy.allocation.pacing == pacing
+            assert policy.allocation.max_pending_per_app == scenario.max_pending_per_app
+    assert SCENARIOS["tiny"].pacing == "adaptive"  # the shipped policies' choice
+    roomy = [s for name, s in SCENARIOS.items() if name.startswith("roomy")]
+    assert {s.spark_allocator for s in roomy} == {"direct", "deployment"}
+    assert {a.spark_batch for s in roomy for a in s.apps} == {10, 100}
+    assert all(s.capacity >= sum(a.executors for a in s.apps) for s in roomy)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -95,11 +96,42 @@ def test_empty_policy_gets_defaults() -> None:
             "profiles[0].allocation.batchSize: 6 is above caps.batchSize (5)",
         ),
         ("caps: {batchSize: 5}", "allocation.batchSize: 10 is above caps.batchSize (5)"),
+        ("allocation: {pacing: fast}", "allocation.pacing: expected one of adaptive, fixed, got 'fast'"),
+        ("allocation: {pacing: 1}", "allocation.pacing: expected one of adaptive, fixed, got 1"),
+        (
+            "allocation: {maxBatchSize: 5}",
+            "allocation.maxBatchSize: 5 is below batchSize (10); the adaptive window starts at batchSize",
+        ),
+        ("allocation: {maxBatchSize: 0}", "allocation.maxBatchSize: must be between 1 and 10000, got 0"),
+        ("allocation: {slowBindSeconds: 0}", "allocation.slowBindSeconds: must be more than 0"),
+        ("allocation: {slowBindSeconds: x}", "allocation.slowBindSeconds: expected a number of seconds"),
+        (
+            "profiles: [{name: a, allocation: {pacing: Adaptive}}]",
+            "profiles[0].allocation.pacing: expected one",
+        ),
+        (
+            "allocation: {maxBatchSize: 20}\nprofiles: [{name: a, allocation: {batchSize: 30}}]",
+            "profiles[0].allocation.maxBatchSize: 20 is below batchSize (30)",
+        ),
     ],
 )
 def test_errors_name_the_exact_place(text: str, expected: str) -> None:
     errors = errors_of(text)
     assert any(e.startswith(expected) for e in errors), errors
+
+
+def test_pacing_settings_default_layer_and_override_per_profile() -> None:
+    defaults = load_policy(HEAD).allocation
+    assert (defaults.pacing, defaults.max_batch_size, defaults.slow_bind_seconds) == ("fixed", 500, 5.0)
+    policy = load_policy(
+        HEAD
+        + "allocation: {pacing: adaptive, maxBatchSize: 80, slowBindSeconds: 2.5}\n"
+        + "profiles: [{name: slow, allocation: {pacing: fixed}}, {name: big, allocation: {maxBatchSize: 300}}]"
+    )
+    assert policy.allocation.pacing == "adaptive" and policy.allocation.slow_bind_seconds == 2.5
+    slow, big = policy.profiles
+    assert policy.allocation_for(slow, {})[0] == replace(policy.allocation, pacing="fixed")
+    assert policy.allocation_for(big, {})[0] == replace(policy.allocation, max_batch_size=300)
 
 
 def test_every_error_is_reported_at_once() -> None:
@@ -191,3 +223,13 @@ def test_field_paths() -> None:
 
 def test_digest_changes_with_the_text() -> None:
     assert load_policy(HEAD).digest != load_policy(HEAD + "# comment\n").digest
+
+
+def test_the_shipped_policies_pace_adaptively() -> None:
+    for path in (EXAMPLE, EXAMPLE.parents[2] / "base" / "policy.yaml"):
+        allocation = load_policy(path.read_text()).allocation
+        assert (allocation.pacing, allocation.max_batch_size, allocation.slow_bind_seconds) == (
+            "adaptive",
+            500,
+            5.0,
+        ), path

@@ -1,0 +1,143 @@
+"""Adaptive pacing: how many of an app's pods may be released at once, judged by the scheduler's answers.
+
+`pacing: fixed` is the rule of docs/architecture.md: at most `batchSize` per app, only once the previous batch
+is bound and `batchDelaySeconds` after the last release. That rule is what made sparkgate slower than the
+scheduler alone on a cluster with room (docs/performance.md). `pacing: adaptive` uses the scheduler's own
+verdict as the signal, as TCP uses acknowledgements:
+
+- slow start: the app's *window* starts at `batchSize`. Released pods that the scheduler has not answered
+  for yet (not bound, no `PodScheduled=False` reason `Unschedulable`) are *waiting*; the app may release
+  `window - waiting` more at once, with no batch delay. The pods released since the window last grew make a
+  *round*; when every pod of a round is bound, each within `slowBindSeconds`, the window grows by the pods
+  bound (so it doubles per full round) up to the ceiling, `min(maxPendingPerApp, maxBatchSize)`;
+- fall back: as soon as one released pod of the app is unschedulable (kube-scheduler's verdict,
+  pkg/scheduler/schedule_one.go `handleSchedulingFailure`), or one stays unanswered past `slowBindSeconds`,
+  the window is `batchSize` and the fixed rule applies to the app again (batch size, batch delay, previous
+  batch bound), except that a pod the scheduler called unschedulable has had its answer: it no longer holds
+  the app's next batch, so the app takes its turn at the namespace and cluster budgets when they free up
+  (under `fixed`, one unschedulable pod held its app for good: docs/real-cluster-facts.md);
+- recover: a round released under the fixed rule that is bound in time, while no pod of the app is
+  unschedulable any more, starts slow start again from `batchSize`.
+
+The namespace and cluster limits on pods in flight, and `maxPendingPerApp`, hold in both modes (decision.py
+applies them after the window), so unschedulable pods never exceed the caps. There is no capacity model:
+only the scheduler's answers.
+
+State: one `Window` per app, in the app's memory (model.AppMemory.pacing), owned by the loop thread like the
+rest of the memory (a decision works on a copy; windows are immutable and replaced whole), rebuilt from
+slow start after a restart. Pure: the clock is the decision's `now`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sparkgate.policy import Allocation
+
+    from .model import PodRecord
+
+
+class Reason(StrEnum):
+    """Why an app's window is what it is (the `reason` label of the pacing metric, /apps' `pacing.reason`)."""
+
+    FIXED = "fixed"  # pacing: fixed, the window is batchSize
+    SLOW_START = "slow-start"  # every pod released was bound in time: the window grows per round
+    CEILING = "ceiling"  # grown to min(maxPendingPerApp, maxBatchSize)
+    UNSCHEDULABLE = "unschedulable"  # a released pod of the app is unschedulable: fixed rule
+    SLOW_BIND = "slow-bind"  # a released pod was not answered within slowBindSeconds: fixed rule
+
+
+GROWING = (Reason.SLOW_START, Reason.CEILING)
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    size: int
+    reason: Reason
+    # The pods released in the current round and when (the decision's clock). While growing, the whole
+    # round, so its completion counts every pod bound; after a fall back, only the pods still waiting.
+    round: Mapping[str, float] = field(default_factory=dict)
+    waiting: int = 0  # pods of the round the scheduler has not answered for yet
+
+    @property
+    def growing(self) -> bool:
+        """Releases are paced by the window, not by the fixed rule."""
+        return self.reason in GROWING
+
+
+def ceiling(allocation: Allocation) -> int:
+    """The largest window: never more than the app may have in flight, nor than maxBatchSize (a user's
+    batch-size annotation above maxBatchSize still gets its batch)."""
+    return min(allocation.max_pending_per_app, max(allocation.batch_size, allocation.max_batch_size))
+
+
+def unanswered(pod: PodRecord) -> bool:
+    """Released, still Pending, no node, no verdict from the scheduler yet."""
+    return (
+        not pod.gated
+        and not pod.deleting
+        and pod.phase == "Pending"
+        and pod.node is None
+        and not pod.unschedulable
+    )
+
+
+def refused(pod: PodRecord) -> bool:
+    """Released, in flight and unbound, and the scheduler said it cannot place it."""
+    return pod.in_flight and pod.node is None and pod.unschedulable
+
+
+def observe(window: Window | None, allocation: Allocation, pods: Iterable[PodRecord], now: float) -> Window:
+    """The app's window after the scheduler's answers about its pods (all of them: the cache's view)."""
+    if allocation.pacing != "adaptive":
+        return Window(allocation.batch_size, Reason.FIXED)
+    if window is None or window.reason is Reason.FIXED:
+        window = Window(allocation.batch_size, Reason.SLOW_START)
+    top = ceiling(allocation)
+    by_name = {p.name: p for p in pods}
+    waiting = {name: at for name, at in window.round.items() if name in by_name and unanswered(by_name[name])}
+    if any(refused(p) for p in by_name.values()):
+        return Window(allocation.batch_size, Reason.UNSCHEDULABLE, waiting, len(waiting))
+    if any(now - at >= allocation.slow_bind_seconds for at in waiting.values()):
+        return Window(allocation.batch_size, Reason.SLOW_BIND, waiting, len(waiting))
+    if window.round and not waiting:
+        if window.growing:
+            bound = sum(1 for name in window.round if name in by_name and by_name[name].node is not None)
+            size = window.size + bound
+        else:
+            size = allocation.batch_size  # recovered: slow start again
+        size = max(allocation.batch_size, min(size, top))
+        return Window(size, Reason.CEILING if size >= top else Reason.SLOW_START)
+    if not window.growing:
+        return Window(allocation.batch_size, window.reason, waiting, len(waiting))
+    size = max(allocation.batch_size, min(window.size, top))  # the settings may have changed
+    return Window(size, Reason.CEILING if size >= top else Reason.SLOW_START, window.round, len(waiting))
+
+
+def released(window: Window, names: Collection[str], now: float) -> Window:
+    """The window after `names` were released at `now` (they join the round; fixed pacing keeps none)."""
+    if window.reason is Reason.FIXED or not names:
+        return window
+    new = dict.fromkeys(set(names) - window.round.keys(), now)
+    return Window(window.size, window.reason, {**window.round, **new}, window.waiting + len(new))
+
+
+def next_check(window: Window, allocation: Allocation, pods: Iterable[PodRecord], now: float) -> float | None:
+    """While growing, when the first pod of the round still waiting will have waited `slowBindSeconds` (the
+    decision's clock): the app is decided again then, so a pod that is never bound makes it fall back on
+    time. A bind wakes the app through its watch event anyway. Pods released by the decision being made
+    are still gated in its snapshot; only times after `now` are given, so nothing is ever due at once."""
+    if not window.growing or not window.waiting:
+        return None
+    ends = [
+        end
+        for p in pods
+        if (at := window.round.get(p.name)) is not None
+        and (p.gated or unanswered(p))
+        and (end := at + allocation.slow_bind_seconds) > now
+    ]
+    return min(ends, default=None)

@@ -1,0 +1,297 @@
+"""Adaptive pacing (allocator/pacing.py) and its hook in the decision: the scheduler's answers as the signal.
+
+A fake clock and a scripted scheduler: each test says which released pods the scheduler bound, which it called
+unschedulable and which it has not answered yet, and checks what the next decision releases and why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from allocator import pacing
+from allocator.cache import pod_record
+from allocator.decision import Decision, InFlightCounts, decide
+from allocator.metrics import AllocatorMetrics
+from allocator.model import AppMemory, PodRecord, Release, Snapshot
+from allocator.pacing import Reason, Window
+from allocator.status import observe_pacing, pacing_summary
+from allocator.status_output import _window
+from sparkgate.contract import AppKey
+from sparkgate.policy import Policy, load_policy
+
+from .test_decision import pod, released, snap, view
+
+A = AppKey("spark", "a")
+
+
+def adaptive(
+    batch: int = 10,
+    per_app: int = 1000,
+    per_ns: int = 5000,
+    cluster: int = 5000,
+    ceiling: int = 100,
+    slow_bind: float = 2,
+    pacing_: str = "adaptive",
+) -> Policy:
+    return load_policy(
+        f"""
+apiVersion: sparkgate.io/v1alpha1
+kind: Policy
+allocation: {{pacing: {pacing_}, batchSize: {batch}, batchDelaySeconds: 1, maxBatchSize: {ceiling},
+  slowBindSeconds: {slow_bind}, maxPendingPerApp: {per_app}, maxPendingPerNamespace: {per_ns},
+  maxPendingCluster: {cluster}}}
+caps: {{batchSize: 50, maxPendingPerApp: 1000}}
+profiles:
+  - name: p
+"""
+    )
+
+
+class Cluster:
+    """The app's pods as the cache would show them, changed by the test as the scheduler answers."""
+
+    def __init__(self, *apps: tuple[str, int]) -> None:
+        self.pods = {name: {i: pod(name, i) for i in range(1, n + 1)} for name, n in apps}
+        self.memory: dict[AppKey, AppMemory] = {}
+
+    def snapshot(self) -> Snapshot:
+        return snap(*(view(name, list(pods.values())) for name, pods in self.pods.items()))
+
+    def decide(self, policy: Policy, now: float) -> Decision:
+        d = decide(self.snapshot(), policy, now, self.memory)
+        self.memory = {**self.memory, **d.memory}
+        for action in d.actions:
+            if isinstance(action, Release):
+                p = action.pod
+                self.pods[p.app_id][p.exec_id or 0] = replace(p, gated=False, gate_index=None)
+        return d
+
+    def answer(self, app: str, *, run: int = 0, refuse: int = 0) -> None:
+        """The scheduler binds (and the kubelet starts) the first `run` released unbound pods of the app, and
+        calls the next `refuse` unschedulable."""
+        waiting = [
+            p for p in self.pods[app].values() if not p.gated and p.node is None and p.phase == "Pending"
+        ]
+        for p in waiting[:run]:
+            self.pods[app][p.exec_id or 0] = replace(p, node="n", phase="Running", unschedulable=False)
+        for p in waiting[run : run + refuse]:
+            self.pods[app][p.exec_id or 0] = replace(p, unschedulable=True)
+
+    def window(self, app: str = "a") -> Window:
+        window = self.memory[AppKey("spark", app)].pacing
+        assert window is not None
+        return window
+
+
+def test_slow_start_doubles_per_bound_round_up_to_the_ceiling_with_no_batch_delay() -> None:
+    cluster, policy = Cluster(("a", 400)), adaptive(batch=10, ceiling=100)
+    sizes, reasons = [], []
+    for _ in range(6):
+        d = cluster.decide(policy, 100.0)  # the same instant: no batch delay while every pod is bound at once
+        sizes.append(len(released(d)))
+        cluster.answer("a", run=1000)
+        reasons.append(cluster.window().reason)
+    assert sizes == [10, 20, 40, 80, 100, 100]
+    assert reasons[:3] == [Reason.SLOW_START] * 3
+    cluster.decide(policy, 100.0)
+    assert cluster.window().reason is Reason.CEILING and cluster.window().size == 100
+
+
+def test_the_window_holds_released_pods_not_yet_answered_and_tops_up_what_is_bound() -> None:
+    cluster, policy = Cluster(("a", 100)), adaptive(batch=10)
+    assert len(released(cluster.decide(policy, 100.0))) == 10
+    held = cluster.decide(policy, 100.1)
+    assert released(held) == [] and held.settings[A].waiting_for == (
+        "app spark/a: 10 released pods not yet bound (window 10)"
+    )
+    cluster.answer("a", run=4)
+    topped = cluster.decide(policy, 100.2)  # 6 still waiting: 4 more join the round at once
+    assert released(topped) == [f"a-exec-{i}" for i in range(11, 15)]
+    assert cluster.window().waiting == 10 and len(cluster.window().round) == 14
+    cluster.answer("a", run=10)
+    cluster.decide(policy, 100.3)
+    assert cluster.window().size == 24  # grew by the 14 pods the round had, all bound
+
+
+def test_an_unschedulable_pod_falls_back_to_the_fixed_rule_but_does_not_hold_the_app() -> None:
+    cluster, policy = Cluster(("a", 100)), adaptive(batch=10)
+    cluster.decide(policy, 100.0)
+    cluster.answer("a", run=10)
+    cluster.decide(policy, 100.0)  # window 20
+    cluster.answer("a", run=19, refuse=1)
+    d = cluster.decide(policy, 100.5)
+    assert cluster.window() == Window(10, Reason.UNSCHEDULABLE)
+    # The fixed rule now: the batch delay since the last release (100.0), then batchSize.
+    assert released(d) == [] and d.settings[A].waiting_for == "app spark/a: batch delay of 1s"
+    assert d.due == {A: 101.0}
+    d = cluster.decide(policy, 101.0)  # the unschedulable pod has had its answer: it holds nothing
+    assert len(released(d)) == 10 and cluster.window().reason is Reason.UNSCHEDULABLE
+    assert released(cluster.decide(policy, 101.5)) == []  # previous batch unbound
+
+
+def test_a_pod_left_unanswered_past_the_bound_falls_back_and_holds_as_the_fixed_rule_does() -> None:
+    cluster, policy = Cluster(("a", 100)), adaptive(batch=10, slow_bind=2)
+    first = cluster.decide(policy, 100.0)
+    assert first.due == {A: 102.0}  # decided again when the first pod will have waited the bound
+    cluster.answer("a", run=9)
+    d = cluster.decide(policy, 102.0)
+    assert cluster.window().reason is Reason.SLOW_BIND and cluster.window().size == 10
+    assert released(d) == [] and "previous batch not yet bound (1 pods)" in (d.settings[A].waiting_for or "")
+    assert d.due == {}  # fallen back: nothing more to wake for
+
+
+def test_a_round_bound_in_time_after_a_fall_back_starts_slow_start_again() -> None:
+    cluster, policy = Cluster(("a", 200)), adaptive(batch=10, slow_bind=2)
+    cluster.decide(policy, 100.0)
+    cluster.answer("a", refuse=10)
+    cluster.decide(policy, 101.0)  # unschedulable: the fixed rule releases a batch after the delay
+    assert cluster.window().reason is Reason.UNSCHEDULABLE
+    cluster.answer("a", run=20)  # room came: every pod bound, the refused ones too
+    d = cluster.decide(policy, 101.5)
+    assert (cluster.window().size, cluster.window().reason) == (10, Reason.SLOW_START) and len(
+        released(d)
+    ) == 10
+    cluster.answer("a", run=10)
+    cluster.decide(policy, 101.5)
+    assert cluster.window().size == 20 and cluster.window().reason is Reason.SLOW_START
+
+
+def test_fixed_pacing_keeps_todays_rule_an_unschedulable_pod_holds_its_app() -> None:
+    cluster, policy = Cluster(("a", 100)), adaptive(batch=10, pacing_="fixed")
+    assert len(released(cluster.decide(policy, 100.0))) == 10
+    cluster.answer("a", run=9, refuse=1)
+    d = cluster.decide(policy, 200.0)
+    assert released(d) == [] and "previous batch not yet bound (1 pods)" in (d.settings[A].waiting_for or "")
+    assert cluster.window() == Window(10, Reason.FIXED) and d.due == {}
+
+
+def test_a_full_cluster_apps_take_turns_instead_of_one_being_held_by_its_unschedulable_pod() -> None:
+    # The real cluster's second app ran nothing for the whole run, held by "previous batch not yet bound
+    # (1 pods)" (docs/real-cluster-facts.md). Adaptive: a refused pod is answered, its app takes its turns.
+    def run(mode: str) -> list[dict[str, int]]:
+        policy = adaptive(batch=10, cluster=12, pacing_=mode)
+        cluster = Cluster(("a", 50), ("b", 50))
+        cluster.memory = {
+            AppKey("spark", "b"): AppMemory(waiting_since=1.0)
+        }  # b waits longest: it goes first
+        cluster.decide(policy, 100.0)  # b: 10, a: 2 (the cluster budget binds)
+        cluster.answer("a", refuse=2)
+        cluster.answer("b", refuse=10)
+        seen = []
+        for now, frees in ((101.0, "b"), (102.0, "a"), (103.0, "b")):
+            cluster.answer(frees, run=1)  # one executor gets room: a slot frees
+            cluster.decide(policy, now)
+            cluster.answer("a", refuse=50)  # the cluster is full: the scheduler refuses what was released
+            cluster.answer("b", refuse=50)
+            seen.append({n: sum(p.in_flight for p in cluster.pods[n].values()) for n in "ab"})
+        return seen
+
+    # Each freed slot goes to the app that waited longest: a (tie at 100, by name), then b (a just had one),
+    # then a again; the cluster cap holds all along.
+    assert run("adaptive") == [{"a": 3, "b": 9}, {"a": 2, "b": 10}, {"a": 3, "b": 9}]
+    assert run("fixed") == [{"a": 2, "b": 9}, {"a": 1, "b": 9}, {"a": 1, "b": 8}]  # both held for good
+
+
+def test_the_ceiling_never_passes_max_pending_per_app_and_a_larger_batch_annotation_still_applies() -> None:
+    assert pacing.ceiling(adaptive(batch=10, per_app=30, ceiling=100).allocation) == 30
+    assert pacing.ceiling(replace(adaptive(batch=10, ceiling=20).allocation, batch_size=40)) == 40
+
+
+@st.composite
+def answers(draw: st.DrawFn) -> list[tuple[str, int, int, float]]:
+    return draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from("abc"),
+                st.integers(0, 30),
+                st.integers(0, 10),
+                st.floats(0, 3, allow_nan=False),
+            ),
+            min_size=1,
+            max_size=25,
+        )
+    )
+
+
+@settings(max_examples=80, deadline=None)
+@given(answers(), st.integers(1, 12), st.integers(1, 60), st.integers(1, 80), st.integers(1, 100))
+def test_adaptive_releases_never_exceed_any_limit(
+    steps: list[tuple[str, int, int, float]], batch: int, per_app: int, per_ns: int, cap: int
+) -> None:
+    policy = adaptive(
+        batch=batch, per_app=max(per_app, 1), per_ns=per_ns, cluster=cap, ceiling=max(batch, 50)
+    )
+    cluster = Cluster(("a", 120), ("b", 60), ("c", 30))
+    now = 100.0
+    for app, run, refuse, dt in steps:
+        before = cluster.snapshot()
+        d = cluster.decide(policy, now)
+        per_ns_before, total_before = InFlightCounts()(before)
+        new = sum(1 for a in d.actions if isinstance(a, Release))
+        assert total_before + new <= max(cap, total_before)
+        assert per_ns_before["spark"] + new <= max(per_ns, per_ns_before["spark"])
+        for key, v in cluster.snapshot().apps.items():
+            was = sum(p.in_flight for p in before.apps[key].pods)
+            assert sum(p.in_flight for p in v.pods) <= max(per_app, was)
+            window = cluster.memory[key].pacing
+            assert window is not None and batch <= window.size <= max(batch, min(per_app, 50))
+        cluster.answer(app, run=run, refuse=refuse)
+        now += dt
+
+
+def test_observe_is_pure_and_keeps_whole_rounds_only_while_growing() -> None:
+    allocation = adaptive(batch=2).allocation
+    pods = [pod("a", 1, gated=False, node="n"), pod("a", 2, gated=False), pod("a", 3, gated=False)]
+    start = pacing.released(pacing.observe(None, allocation, [], 0.0), ["a-exec-1", "a-exec-2"], 0.0)
+    assert start == Window(2, Reason.SLOW_START, {"a-exec-1": 0.0, "a-exec-2": 0.0}, 2)
+    growing = pacing.observe(start, allocation, pods, 1.0)
+    assert growing == Window(2, Reason.SLOW_START, start.round, 1)  # a-exec-1 bound: stays in the round
+    refused: list[PodRecord] = [pods[0], replace(pods[1], unschedulable=True), pods[2]]
+    fallen = pacing.observe(pacing.released(growing, ["a-exec-3"], 1.0), allocation, refused, 1.5)
+    assert fallen == Window(2, Reason.UNSCHEDULABLE, {"a-exec-3": 1.0}, 1)  # only the pods still waiting
+    assert pacing.released(Window(2, Reason.FIXED), ["a-exec-3"], 1.0) == Window(2, Reason.FIXED)
+
+
+def test_the_cache_reads_the_schedulers_verdict_from_the_pod_scheduled_condition() -> None:
+    def record(*conditions: dict[str, str]) -> PodRecord:
+        obj = {
+            "metadata": {"name": "x", "namespace": "spark", "labels": {"spark-app-selector": "a"}},
+            "status": {"phase": "Pending", "conditions": list(conditions)},
+        }
+        found = pod_record(obj)
+        assert found is not None
+        return found
+
+    refused = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}
+    assert record(refused).unschedulable
+    assert not record({**refused, "reason": "SchedulingGated"}).unschedulable
+    assert not record({**refused, "reason": "SchedulerError"}).unschedulable  # an extender failed: no verdict
+    assert not record({"type": "PodScheduled", "status": "True"}).unschedulable
+    assert not record().unschedulable
+
+
+def test_apps_status_and_metrics_show_each_apps_window_and_why() -> None:
+    cluster, policy = Cluster(("a", 100), ("b", 5)), adaptive(batch=10)
+    cluster.decide(policy, 100.0)
+    cluster.answer("b", refuse=1)
+    cluster.decide(policy, 100.1)
+    assert pacing_summary(cluster.memory[A]) == {"window": 10, "reason": "slow-start", "unanswered": 10}
+    assert (
+        _window({"pacing": pacing_summary(cluster.memory[AppKey("spark", "b")])})
+        == "10 (unschedulable, 4 unanswered)"
+    )
+    metrics = AllocatorMetrics()
+    observe_pacing(metrics, cluster.memory, {A, AppKey("spark", "b")})
+
+    def sample(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, {"namespace": "spark", **labels})
+
+    assert sample("sparkgate_allocator_pacing_window", app="a") == 10
+    assert sample("sparkgate_allocator_pacing_state", app="b", reason="unschedulable") == 1
+    assert sample("sparkgate_allocator_pacing_state", app="b", reason="slow-start") == 0
+    observe_pacing(metrics, cluster.memory, {A})  # b is gone: its series go with it
+    assert sample("sparkgate_allocator_pacing_window", app="b") is None
+    assert sample("sparkgate_allocator_pacing_state", app="b", reason="unschedulable") is None
