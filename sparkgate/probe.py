@@ -11,7 +11,7 @@ without what the API server's plugins derive), made to match the profile, and as
 1. the pod as Spark sends it: the built-in plugins and every webhook answer, sparkgate's included when
    installed (it mutates the pod as in production), and the answer is the pod as sparkgate's webhook
    receives it in production;
-2. that pod, with the profile applied by the webhook's own function (`webhook.mutation.mutate`): the
+2. that pod, with the profile applied by the webhook's own function (`sparkgate.mutation.mutate`): the
    API server's second pass after sparkgate's webhook, then its validating plugins and policies.
 
 The result is the API server's answer word for word. `sparkgate policy check --cluster` prints it; the
@@ -31,9 +31,9 @@ from typing import Any
 from sparkgate import contract
 from sparkgate.json_patch import apply_patch
 from sparkgate.kube import Kube, KubeError
+from sparkgate.mutation import mutate
+from sparkgate.mutation.derived import strip_derived
 from sparkgate.policy import Policy, Profile
-from webhook.derived import strip_derived
-from webhook.mutation import mutate
 
 Obj = dict[str, Any]
 DRY_RUN = {"dryRun": "All"}
