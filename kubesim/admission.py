@@ -2,10 +2,11 @@
 
 Order (kubernetes/kubernetes pkg/kubeapiserver/options/plugins.go, `AllOrderedPlugins`, default-on plugins):
 mutating phase: the in-tree mutating plugins (podplugins.py: LimitRanger, ServiceAccount, Priority,
-DefaultTolerationSeconds, RuntimeClass, PodTopologyLabels), then MutatingAdmissionWebhook; when a webhook
-changed the object, the whole mutating phase runs once more (k8s.io/apiserver/pkg/admission/reinvocation.go):
-every in-tree plugin again, and the webhooks with `reinvocationPolicy: IfNeeded` that ran before a later
-change. Validating phase: the in-tree validating plugins (ServiceAccount, PodSecurity, Priority,
+DefaultTolerationSeconds, RuntimeClass, PodTopologyLabels), then MutatingAdmissionPolicy
+(mutating_policy.py), then MutatingAdmissionWebhook; when a policy or a webhook changed the object, the
+whole mutating phase runs once more (k8s.io/apiserver/pkg/admission/reinvocation.go, reinvocation.py):
+every in-tree plugin again, and the policies and webhooks with `reinvocationPolicy: IfNeeded` that ran
+before a later change. Validating phase: the in-tree validating plugins (ServiceAccount, PodSecurity, Priority,
 RuntimeClass), ValidatingAdmissionPolicy (policy.py), ValidatingAdmissionWebhook; ResourceQuota last, in
 the store, atomically with the write (quota.py).
 
@@ -34,13 +35,13 @@ import ssl
 import threading
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from sparkgate.json_patch import PatchError, apply_patch
 
-from . import cel, matching, podplugins, podrules, policy
+from . import cel, matching, mutating_policy, podplugins, podrules, policy
 from .errors import ApiError, bad_request, forbidden
+from .reinvocation import Reinvocation
 from .resources import RESOURCES
 from .store import AdmissionRequest, Obj, Store
 
@@ -70,35 +71,23 @@ class AdmissionChain:
         if request.obj is None:
             return None
         obj = copy.deepcopy(request.obj)
-        podplugins.mutate(self.store, request, obj)
-        state = _Reinvocation()
-        obj = self.webhooks.mutate(request, obj, state)
-        if state.should_reinvoke:
-            state.is_reinvoke = True
-            podplugins.mutate(self.store, request, obj)
-            obj = self.webhooks.mutate(request, obj, state)
+        context = Reinvocation()
+        obj = self._mutating_phase(request, obj, context)
+        if context.should_reinvoke:
+            context.is_reinvoke = True
+            obj = self._mutating_phase(request, obj, context)
         return obj
+
+    def _mutating_phase(self, request: AdmissionRequest, obj: Obj, context: Reinvocation) -> Obj:
+        podplugins.mutate(self.store, request, obj)
+        obj = mutating_policy.mutate(self.store, request, obj, context)
+        return self.webhooks.mutate(request, obj, context)
 
     def validate(self, request: AdmissionRequest, obj: Obj | None) -> None:
         if obj is not None:
             podplugins.validate(self.store, request, obj)
         policy.validate(self.store, request, obj)
         self.webhooks.validate(request, obj)
-
-
-@dataclass
-class _Reinvocation:
-    """reinvocation.go's context and the mutating dispatcher's webhookReinvokeContext."""
-
-    should_reinvoke: bool = False
-    is_reinvoke: bool = False
-    last_output: Obj | None = None
-    previously_invoked: set[str] = field(default_factory=set)
-    reinvoke: set[str] = field(default_factory=set)
-
-    def require_reinvoking_previously_invoked(self) -> None:
-        self.reinvoke |= self.previously_invoked
-        self.previously_invoked = set()
 
 
 class WebhookAdmission:
@@ -110,24 +99,25 @@ class WebhookAdmission:
         self._contexts: dict[str, ssl.SSLContext] = {}
         self._lock = threading.Lock()
 
-    def mutate(self, request: AdmissionRequest, obj: Obj, state: _Reinvocation) -> Obj:
+    def mutate(self, request: AdmissionRequest, obj: Obj, context: Reinvocation) -> Obj:
         """One pass of the mutating webhooks (mutating/dispatcher.go), reinvocation bookkeeping included."""
-        if state.is_reinvoke and obj != state.last_output:
-            state.require_reinvoking_previously_invoked()  # the in-tree plugins changed it
+        state = context.plugin("MutatingAdmissionWebhook")
+        if context.is_reinvoke and state.output_changed(obj):
+            state.require_reinvoking_previously_invoked()  # the in-tree plugins or a policy changed it
         for config, webhook in self._webhooks("mutatingwebhookconfigurations"):
             key = f"{config['metadata']['name']}/{webhook.get('name', '')}"
             if not self._should_call(webhook, request, obj):
                 continue
-            if state.is_reinvoke and key not in state.reinvoke:
+            if context.is_reinvoke and key not in state.reinvoke:
                 continue
             patched = self._call(webhook, request, obj, mutating=True)
             if patched is not None and patched != obj:
                 obj = patched
                 state.require_reinvoking_previously_invoked()
-                state.should_reinvoke = True
+                context.should_reinvoke = True
             if webhook.get("reinvocationPolicy") == "IfNeeded":
                 state.previously_invoked.add(key)
-        state.last_output = copy.deepcopy(obj)
+        state.set_last_output(obj)
         return obj
 
     def validate(self, request: AdmissionRequest, obj: Obj | None) -> None:

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import yaml
+
 from .errors import ApiError, UserInfo, bad_request
 from .faults import Faults, LoggedRequest, RequestLog
 from .resources import RESOURCES, SUBRESOURCES, groups
@@ -156,6 +158,11 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self._raw_body
         if not raw:
             return None
+        if _media_type(self.headers.get("Content-Type", "")) in APPLY_TYPES:
+            try:  # patch.go applyPatcher: yaml.Unmarshal (JSON is YAML)
+                return yaml.safe_load(raw)
+            except yaml.YAMLError as e:
+                raise bad_request(f"error decoding YAML: {e}") from None
         try:
             return json.loads(raw)
         except ValueError as e:
@@ -341,6 +348,25 @@ class _Handler(BaseHTTPRequestHandler):
         if verb == "patch":
             assert route.name is not None
             content_type = self.headers.get("Content-Type", "")
+            if _media_type(content_type) in APPLY_TYPES and not route.subresource:
+                applied, created = store.apply(
+                    route.resource,
+                    route.namespace,
+                    route.name,
+                    body,
+                    query.get("fieldManager", ""),
+                    force=query.get("force") in ("true", "1"),
+                    user=user,
+                    dry_run=dry,
+                )
+                return 201 if created else 200, applied
+            if "force" in query:  # validation.ValidatePatchOptions
+                raise ApiError(
+                    422,
+                    "Invalid",
+                    'PatchOptions.meta.k8s.io "" is invalid: force: Forbidden: may not be specified for '
+                    "non-apply patch",
+                )
             return 200, store.patch(
                 route.resource,
                 route.namespace,
@@ -442,6 +468,13 @@ class _Injected(Exception):
         super().__init__(code)
         self.code = code
         self.headers = headers
+
+
+APPLY_TYPES = ("application/apply-patch+yaml",)
+
+
+def _media_type(content_type: str) -> str:
+    return content_type.split(";")[0].strip()
 
 
 def _dry_run(query: Mapping[str, str]) -> bool:

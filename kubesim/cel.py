@@ -1,15 +1,32 @@
-"""kubesim's one CEL evaluator: webhook matchConditions and ValidatingAdmissionPolicy use it alike.
+"""kubesim's one CEL evaluator: webhook matchConditions, ValidatingAdmissionPolicy and
+MutatingAdmissionPolicy use it alike.
 
 kube-apiserver evaluates these expressions with cel-go; kubesim uses cel-python (`celpy`), a real CEL
 implementation with the standard macros (`has`, `exists`, `all`, `exists_one`, `map`, `filter`), `size`,
-and the string functions `startsWith`, `endsWith`, `contains`, `matches`. Kubernetes' own CEL libraries
-(`lists`, `strings` extensions such as `lowerAscii` or `split`, `quantity`, `url`, `authorizer`) are not
-available: an expression using them fails to evaluate here, as it would on a server without them.
+and the string functions `startsWith`, `endsWith`, `contains`, `matches`. Added here from Kubernetes' CEL
+libraries (k8s.io/apiserver/pkg/cel/library and cel-go's ext.Strings, which the API server installs):
+the strings extension `lowerAscii`, `upperAscii`, `trim`, `replace`, `split`, `indexOf`, `lastIndexOf`,
+`substring`, `charAt`, and the list `join`; and for MutatingAdmissionPolicy
+(k8s.io/apiserver/pkg/cel/mutation): `jsonpatch.escapeKey`, `JSONPatch{op, path, from, value}` and typed
+object construction `Object{...}`, `Object.spec.containers{...}`: a constructed object evaluates to a
+`Typed` dict that remembers its type path. Other Kubernetes libraries (`lists`, `quantity`, `url`,
+`authorizer`, optional types `?.`) are not available: an expression using them fails to evaluate here, as it
+would on a server without them. CEL's static type check is not done (cel-python has none): an expression
+kube-apiserver refuses at policy creation with `compilation failed: ERROR: ... expected type ...` evaluates
+here (only a syntax error is a compile error).
 
 Variables are given as JSON documents (`object`, `oldObject`, `request`, `params`, `namespaceObject`,
 `variables`); a missing object is CEL `null`. An evaluation error carries the message shape of
 k8s.io/apiserver/pkg/admission/plugin/cel/filter.go: `expression '<expr>' resulted in error: <why>`
 (the `<why>` is cel-python's wording, not cel-go's).
+
+Cost: cel-go meters each evaluation; kube-apiserver stops one at `PerCallLimit` (1,000,000) and a policy's
+evaluations at `RuntimeCELCostBudget` (10,000,000), both in k8s.io/apiserver/pkg/apis/cel/config.go.
+kubesim counts one unit per evaluation step of cel-python's tree walker (an approximation of cel-go's cost
+model, which charges per operation and by string and list size) against the same limits, with cel-go's
+message `operation cancelled: actual cost limit exceeded`.
+
+Programs are cached per expression and shared by threads; each evaluation has its own activation.
 """
 
 from __future__ import annotations
@@ -24,21 +41,152 @@ import celpy
 from celpy import celtypes
 from celpy.adapter import json_to_cel
 from celpy.celparser import CELParseError
-from celpy.evaluation import CELEvalError
+from celpy.evaluation import CELEvalError, Evaluator
 
-_ENV = celpy.Environment()
+PER_CALL_LIMIT = 1_000_000  # k8s.io/apiserver/pkg/apis/cel/config.go PerCallLimit
+RUNTIME_BUDGET = 10_000_000  # RuntimeCELCostBudget: one policy's evaluations together
 _LOCK = threading.Lock()
+
+
+class Typed(dict[str, Any]):
+    """A constructed object: `Object.spec{...}` has type path ("Object", "spec"); JSONPatch{...} ("JSONPatch",)."""
+
+    def __init__(self, type_path: tuple[str, ...], fields: Mapping[str, Any]) -> None:
+        super().__init__(fields)
+        self.type_path = type_path
+
+
+class _TypeName(celtypes.MapType):
+    """`Object`, `Object.spec`, ...: field selection extends the name, `{...}` constructs a value."""
+
+    def __init__(self, path: tuple[str, ...]) -> None:
+        super().__init__()
+        self.path = path
+
+    def __getitem__(self, key: Any) -> _TypeName:
+        return _TypeName((*self.path, str(key)))
+
+    def __call__(self, fields: Any) -> _TypedValue:
+        return _TypedValue(self.path, fields or {})
+
+
+class _TypedValue(celtypes.MapType):
+    def __init__(self, path: tuple[str, ...], fields: Mapping[Any, Any]) -> None:
+        super().__init__({celtypes.StringType(k): v for k, v in fields.items()})
+        self.path = path
+
+
+class _Namespace(celtypes.MapType):
+    """The receiver of a namespaced function such as `jsonpatch.escapeKey`."""
+
+
+def _escape_key(_: Any, key: celtypes.StringType) -> celtypes.StringType:
+    """k8s.io/apiserver/pkg/cel/library/jsonpatch.go: RFC 6901 escaping, `~` then `/`."""
+    return celtypes.StringType(str(key).replace("~", "~0").replace("/", "~1"))
+
+
+def _split(text: Any, sep: Any, limit: Any = None) -> celtypes.ListType:
+    parts = (
+        str(text).split(str(sep))
+        if limit is None or int(limit) < 0
+        else str(text).split(str(sep), max(int(limit) - 1, 0))
+    )
+    if limit is not None and int(limit) == 0:
+        parts = []
+    return celtypes.ListType([celtypes.StringType(p) for p in parts])
+
+
+def _substring(text: Any, start: Any, end: Any = None) -> celtypes.StringType:
+    value = str(text)
+    stop = len(value) if end is None else int(end)
+    if not 0 <= int(start) <= stop <= len(value):
+        raise ValueError(f"index out of range: {int(start)}, {stop}")
+    return celtypes.StringType(value[int(start) : stop])
+
+
+def _join(items: Any, sep: Any = "") -> celtypes.StringType:
+    return celtypes.StringType(str(sep).join(str(i) for i in items))
+
+
+def _index_of(text: Any, sub: Any, start: Any = 0) -> celtypes.IntType:
+    return celtypes.IntType(str(text).find(str(sub), int(start)))
+
+
+def _string(value: Any) -> celtypes.StringType:
+    """CEL `string()`: cel-python writes a bool as Python does (`True`); CEL writes `true`."""
+    if isinstance(value, celtypes.BoolType):
+        return celtypes.StringType("true" if value else "false")
+    return celtypes.StringType(value)
+
+
+FUNCTIONS: dict[str, Any] = {
+    "string": _string,
+    "escapeKey": _escape_key,
+    "lowerAscii": lambda s: celtypes.StringType(str(s).lower()),
+    "upperAscii": lambda s: celtypes.StringType(str(s).upper()),
+    "trim": lambda s: celtypes.StringType(str(s).strip()),
+    "replace": lambda s, old, new, n=-1: celtypes.StringType(str(s).replace(str(old), str(new), int(n))),
+    "split": _split,
+    "indexOf": _index_of,
+    "lastIndexOf": lambda s, sub: celtypes.IntType(str(s).rfind(str(sub))),
+    "substring": _substring,
+    "charAt": lambda s, i: celtypes.StringType(str(s)[int(i) : int(i) + 1]),
+    "join": _join,
+}
+_CONSTANTS = {
+    "Object": _TypeName(("Object",)),
+    "JSONPatch": _TypeName(("JSONPatch",)),
+    "jsonpatch": _Namespace(),
+}
+_ENV = celpy.Environment()
 
 
 class CelError(Exception):
     """An expression that does not compile or does not evaluate; the message is kube-apiserver's shape."""
 
 
+class Budget:
+    """The cost one policy may still spend (RuntimeCELCostBudget); each evaluation also stops at
+    `per_call`. Owned by the one admission call that made it (not shared between threads)."""
+
+    def __init__(self, remaining: int = RUNTIME_BUDGET, per_call: int = PER_CALL_LIMIT) -> None:
+        self.remaining = remaining
+        self.per_call = per_call
+
+
+class _CostExceeded(Exception):
+    pass
+
+
+# Grammar levels that only pass a value through (one child): no operation, no cost.
+_PASS_THROUGH = {"expr", "conditionalor", "conditionaland", "relation", "addition", "multiplication", "unary"}
+_PASS_THROUGH |= {"member", "primary", "exprlist", "paren_expr"}
+
+
+class _Metered(Evaluator):
+    """cel-python's tree walker, one cost unit per operation node visited (macro bodies included)."""
+
+    def __init__(self, ast: Any, activation: Any, limit: int, cost: list[int]) -> None:
+        super().__init__(ast, activation=activation)
+        self.limit = limit
+        self.cost = cost
+
+    def _visit_tree(self, tree: Any) -> Any:
+        if tree.data not in _PASS_THROUGH or len(tree.children) > 1:
+            self.cost[0] += 1
+            if self.cost[0] > self.limit:
+                raise _CostExceeded
+        return super()._visit_tree(tree)
+
+    def sub_evaluator(self, ast: Any) -> Evaluator:
+        return _Metered(ast, self.activation, self.limit, self.cost)
+
+
 @functools.lru_cache(maxsize=512)
 def _program(expression: str) -> celpy.Runner:
     try:
         with _LOCK:  # the lark parser is not thread-safe
-            return _ENV.program(_ENV.compile(expression))
+            return _ENV.program(_ENV.compile(expression), functions=FUNCTIONS)
     except CELParseError as e:
         raise CelError(f"compilation failed: {e}") from None
 
@@ -56,7 +204,7 @@ class Inputs:
         self._converted.pop(name, None)
 
     def activation(self, expression: str) -> dict[str, Any]:
-        out = {}
+        out: dict[str, Any] = dict(_CONSTANTS)
         for name, value in self._values.items():
             if re.search(rf"\b{re.escape(name)}\b", expression):
                 if name not in self._converted:
@@ -65,21 +213,41 @@ class Inputs:
         return out
 
 
-def evaluate(expression: str, variables: Inputs | Mapping[str, Any]) -> Any:
-    """The expression's value as plain Python (bool, str, int, float, list, dict, None)."""
+def evaluate(expression: str, variables: Inputs | Mapping[str, Any], budget: Budget | None = None) -> Any:
+    """The expression's value as plain Python (bool, str, int, float, list, dict, None; a constructed
+    object is a `Typed` dict). With a `budget`, its cost is charged to it (CelError past either limit)."""
     program = _program(expression)
     inputs = variables if isinstance(variables, Inputs) else Inputs(variables)
     activation = inputs.activation(expression)
+    meter = budget or Budget()
+    cost = [0]
+    evaluator = _Metered(
+        program.ast, program.new_activation(), min(meter.per_call, meter.remaining + 1), cost
+    )
     try:
-        result = program.evaluate(activation)
+        result = evaluator.evaluate(activation)
     except CELEvalError as e:
         raise CelError(f"expression '{expression}' resulted in error: {e.args[0]}") from None
-    if isinstance(result, CELEvalError):
-        raise CelError(f"expression '{expression}' resulted in error: {result.args[0]}")
-    return _plain(result)
+    except _CostExceeded:
+        if cost[0] > meter.per_call:
+            raise CelError(
+                f"expression '{expression}' resulted in error: operation cancelled: actual cost limit exceeded"
+            ) from None
+        meter.remaining = -1
+        raise CelError(
+            "validation failed due to running out of cost budget, no further validation rules will be run"
+        ) from None
+    finally:
+        meter.remaining -= cost[0]
+    try:
+        return _plain(result)
+    except CELEvalError as e:  # an error inside a list or map is an error of the whole expression
+        raise CelError(f"expression '{expression}' resulted in error: {e.args[0]}") from None
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, CELEvalError):
+        raise value
     if isinstance(value, celtypes.BoolType):
         return bool(value)
     if isinstance(value, celtypes.StringType):
@@ -88,6 +256,8 @@ def _plain(value: Any) -> Any:
         return int(value)
     if isinstance(value, celtypes.DoubleType):
         return float(value)
+    if isinstance(value, _TypedValue):
+        return Typed(value.path, {str(k): _plain(v) for k, v in value.items()})
     if isinstance(value, celtypes.MapType):
         return {_plain(k): _plain(v) for k, v in value.items()}
     if isinstance(value, celtypes.ListType):

@@ -63,6 +63,30 @@ def matches(
     return True
 
 
+_ANY = {"apiGroups": ["*"], "apiVersions": ["*"], "operations": ["*"], "resources": ["*", "*/*"]}
+
+
+def binding_matches(store: Store, request: AdmissionRequest, obj: Obj | None, binding_spec: Obj) -> bool:
+    """An admission policy binding's `matchResources` (generic/policy_matcher.go BindingMatches): none
+    matches whatever the policy matches; without resourceRules it narrows by its selectors alone."""
+    resources = binding_spec.get("matchResources")
+    if not resources:
+        return True
+    if resources.get("resourceRules") is None:
+        resources = {**resources, "resourceRules": [_ANY]}
+    return matches(store, request, obj, resources, rules_key="resourceRules")
+
+
+def namespace_object(store: Store, request: AdmissionRequest) -> Obj | None:
+    """CEL's `namespaceObject`: the request's namespace, null for a cluster-scoped resource."""
+    if not RESOURCES[request.resource].namespaced or not request.namespace:
+        return None
+    try:
+        return store.get("namespaces", None, request.namespace)
+    except ApiError:
+        return None
+
+
 def review_request(request: AdmissionRequest, obj: Obj | None) -> Obj:
     """An AdmissionReview v1 `request`; also the CEL `request` variable (without the objects)."""
     r = RESOURCES[request.resource]
@@ -109,6 +133,19 @@ def match_conditions(conditions: list[Obj], variables: cel.Inputs, failure_polic
             return ""
         return errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
     return None
+
+
+def set_variables(definitions: list[Obj], variables: cel.Inputs) -> None:
+    """An admission policy's `variables`, in order, each seeing the ones before it, offered as
+    `variables.NAME`; one that fails to evaluate is left out (an expression using it fails in turn)."""
+    computed: dict[str, Any] = {}
+    for variable in definitions:
+        variables.set("variables", computed)
+        try:
+            computed[str(variable.get("name"))] = cel.evaluate(str(variable.get("expression", "")), variables)
+        except cel.CelError:
+            continue
+    variables.set("variables", computed)
 
 
 def cel_request(request: AdmissionRequest, obj: Obj | None) -> Obj:

@@ -18,10 +18,8 @@ Unauthorized 401, RequestEntityTooLarge 413, else 422):
 
 from __future__ import annotations
 
-from typing import Any
-
 from . import cel, matching
-from .errors import ApiError, forbidden
+from .errors import forbidden
 from .resources import RESOURCES
 from .store import AdmissionRequest, Obj, Store
 
@@ -43,21 +41,12 @@ def validate(store: Store, request: AdmissionRequest, obj: Obj | None) -> None:
             binding_spec = binding.get("spec") or {}
             if binding_spec.get("policyName") != name:
                 continue
-            resources = binding_spec.get("matchResources")
-            if resources and resources.get("resourceRules") is not None:
-                if not matching.matches(store, request, obj, resources, rules_key="resourceRules"):
-                    continue
-            elif resources and not matching.matches(
-                store, request, obj, {**resources, "resourceRules": [_ANY]}, rules_key="resourceRules"
-            ):
+            if not matching.binding_matches(store, request, obj, binding_spec):
                 continue
             denial = _evaluate(store, request, obj, spec)
             if denial is not None and "Deny" in (binding_spec.get("validationActions") or []):
                 reason, message = denial
                 _deny(request, obj, name, binding["metadata"]["name"], reason, message)
-
-
-_ANY = {"apiGroups": ["*"], "apiVersions": ["*"], "operations": ["*"], "resources": ["*", "*/*"]}
 
 
 def _evaluate(store: Store, request: AdmissionRequest, obj: Obj | None, spec: Obj) -> tuple[str, str] | None:
@@ -69,7 +58,7 @@ def _evaluate(store: Store, request: AdmissionRequest, obj: Obj | None, spec: Ob
             "oldObject": request.old,
             "request": matching.cel_request(request, obj),
             "params": None,
-            "namespaceObject": _namespace(store, request),
+            "namespaceObject": matching.namespace_object(store, request),
         }
     )
     error = matching.match_conditions(spec.get("matchConditions") or [], variables, failure_policy)
@@ -77,14 +66,7 @@ def _evaluate(store: Store, request: AdmissionRequest, obj: Obj | None, spec: Ob
         return None
     if error is not None:
         return "Invalid", error
-    computed: dict[str, Any] = {}
-    for variable in spec.get("variables") or []:
-        variables.set("variables", computed)
-        try:
-            computed[str(variable.get("name"))] = cel.evaluate(str(variable.get("expression", "")), variables)
-        except cel.CelError:
-            continue  # a validation that uses it fails to evaluate in turn
-    variables.set("variables", computed)
+    matching.set_variables(spec.get("variables") or [], variables)
     for validation in spec.get("validations") or []:
         expression = str(validation.get("expression", ""))
         try:
@@ -110,15 +92,6 @@ def _message(validation: Obj, variables: cel.Inputs) -> str:
     if str(validation.get("message") or "").strip():
         return str(validation["message"]).strip()
     return f"failed expression: {str(validation.get('expression', '')).strip()}"
-
-
-def _namespace(store: Store, request: AdmissionRequest) -> Obj | None:
-    if not RESOURCES[request.resource].namespaced or not request.namespace:
-        return None
-    try:
-        return store.get("namespaces", None, request.namespace)
-    except ApiError:
-        return None
 
 
 def _deny(

@@ -71,6 +71,20 @@ RESOURCES: dict[str, Resource] = {
             False,
         ),
         Resource(
+            "mutatingadmissionpolicies",
+            "MutatingAdmissionPolicy",
+            "admissionregistration.k8s.io",
+            "v1",
+            False,
+        ),
+        Resource(
+            "mutatingadmissionpolicybindings",
+            "MutatingAdmissionPolicyBinding",
+            "admissionregistration.k8s.io",
+            "v1",
+            False,
+        ),
+        Resource(
             "validatingadmissionpolicybindings",
             "ValidatingAdmissionPolicyBinding",
             "admissionregistration.k8s.io",

@@ -35,6 +35,7 @@ from typing import Any
 
 from sparkgate.json_patch import PatchError, apply_patch, merge_patch
 
+from . import apply as apply_
 from . import podrules, quota
 from .errors import (
     STALE,
@@ -486,10 +487,45 @@ class Store:
             raise ApiError(
                 415,
                 "UnsupportedMediaType",
-                f"the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json (got {kind})",
+                f"the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml (got {kind})",
             )
 
         return self._update(resource, namespace, name, patched, subresource, user, None, dry_run)
+
+    def apply(
+        self,
+        resource: str,
+        namespace: str | None,
+        name: str,
+        config: Any,
+        manager: str,
+        *,
+        force: bool = False,
+        user: UserInfo | None = None,
+        dry_run: bool = False,
+    ) -> tuple[Obj, bool]:
+        """Server-side apply (patch.go `applyPatcher`, apply.py): (the object, whether the apply created it).
+        An apply to a missing object creates it (CREATE admission); one that changes nothing writes nothing."""
+        r = _resource(resource)
+        config = apply_.check_request(config, api_version=r.api_version, name=name, manager=manager)
+        key = (namespace or "" if r.namespaced else "", name)
+
+        def applied(current: Obj | None) -> Obj:
+            now = now_rfc3339(self.clock)
+            return apply_.apply(current, config, manager, force=force, kind=r.kind, now=now)
+
+        while True:
+            with self._lock:
+                exists = key in self._objects[resource]
+            if exists:
+                return self._update(resource, namespace, name, applied, "", user, None, dry_run), False
+            try:
+                return self.create(
+                    resource, applied(None), namespace=namespace, user=user, dry_run=dry_run
+                ), True
+            except ApiError as e:
+                if e.reason != "AlreadyExists":
+                    raise
 
     def _update(
         self,
@@ -797,6 +833,8 @@ def _keep_identity(current: Obj, new: Obj, r: Resource) -> Obj:
         else:
             meta.pop(field, None)
     meta.pop("resourceVersion", None)
+    if "managedFields" not in meta and old_meta.get("managedFields"):  # an update without them keeps them
+        meta["managedFields"] = old_meta["managedFields"]
     new["metadata"] = meta
     new["apiVersion"], new["kind"] = r.api_version, r.kind
     return copy.deepcopy(new)

@@ -1,0 +1,45 @@
+"""The mutating phase's reinvocation bookkeeping, shared by MutatingAdmissionPolicy and the mutating webhooks.
+
+k8s.io/apiserver/pkg/admission/reinvocation.go and attributes.go (`ReinvocationContext`): when a mutating
+plugin asks for it (`should_reinvoke`), the whole mutating phase runs once more (`is_reinvoke`): every
+in-tree plugin again, and, of each of the two plugins, what its own context says: the mutating webhooks'
+`webhookReinvokeContext` (plugin/webhook/mutating/reinvocationcontext.go) and the policies'
+`policyReinvokeContext` (plugin/policy/mutating/reinvocationcontext.go) hold the same three fields.
+
+One `Reinvocation` per admitted request, owned by the thread that admits it.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+Obj = dict[str, Any]
+
+
+@dataclass
+class PluginReinvocation:
+    last_output: Obj | None = None
+    previously_invoked: set[str] = field(default_factory=set)
+    reinvoke: set[str] = field(default_factory=set)
+
+    def require_reinvoking_previously_invoked(self) -> None:
+        self.reinvoke |= self.previously_invoked
+        self.previously_invoked = set()
+
+    def output_changed(self, obj: Obj) -> bool:
+        return obj != self.last_output
+
+    def set_last_output(self, obj: Obj) -> None:
+        self.last_output = copy.deepcopy(obj)
+
+
+@dataclass
+class Reinvocation:
+    should_reinvoke: bool = False
+    is_reinvoke: bool = False
+    plugins: dict[str, PluginReinvocation] = field(default_factory=dict)
+
+    def plugin(self, name: str) -> PluginReinvocation:
+        return self.plugins.setdefault(name, PluginReinvocation())
