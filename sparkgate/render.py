@@ -22,7 +22,7 @@ How the webhook's rules become CEL (docs/real-cluster-facts.md, "Admission polic
   few removals (the derived fields) come last, so the original indexes stay right.
 - The template merge (sparkgate/mutation/merge.py) is unrolled over the template, which is known here:
   a field the pod lacks is added whole, a map is merged key by key, a list with a merge key is merged by
-  that key (`lastIndexOf`, as the webhook's index keeps the last element of a name) and other lists by
+  that key (the last element of a name, as the webhook's index keeps the last element of a name) and other lists by
   value; Spark's container is `variables.spark` (sparkgate.contract.spark_container_index).
 - The derived fields (sparkgate/mutation/derived.py, RULES) are dropped under the same conditions.
 
@@ -98,6 +98,9 @@ def render(policy: Policy, install_namespace: str = contract.INSTALL_NAMESPACE) 
     for p in reversed(policy.profiles):
         mutation = when(Expr(f"variables.profile == {quote(p.name)}", 2), _ProfileOps(p).render(), mutation)
     mutation = concat([mutation, _gate()])
+    # `.map(p, p)`: the identity, for kubesim, whose list concatenation loses the JSONPatch type of the
+    # elements (kubesim/cel.py `_plain` converts a ListType, not the list `+` returns). Harmless in cel-go.
+    mutation = Expr(f"({mutation.text}).map(p, p)", mutation.cost + 2 * 64)
     costs = {f"matchConditions[{name}]": c.cost for name, c in conditions.items()}
     costs.update({f"variables[{name}]": v.cost for name, v in variables.items()})
     costs["mutations[0]"] = mutation.cost
@@ -189,6 +192,14 @@ def _refused(profile: Profile) -> list[str]:
     return out
 
 
+def position(items: str, var: str, test: str, *, last: bool = False) -> str:
+    """CEL for the index of the first (or last) element of the list `items` for which `test` (over `var`)
+    holds, -1 if none. Written with the strings extension (`map` to "1"/"0", `join`, `indexOf`), which
+    kube-apiserver and kubesim both have; the lists library's `indexOf` is not in kubesim."""
+    find = "lastIndexOf" if last else "indexOf"
+    return f'{items}.map({var}, {test} ? "1" : "0").join().{find}("1")'
+
+
 def _path_text(path: tuple[str, ...]) -> str:
     """A parsed field path as the policy writes it: `spec.containers[NAME].resources`."""
     return "".join(s if s.startswith("[") else f".{s}" for s in path).lstrip(".")
@@ -223,15 +234,19 @@ def _variables(policy: Policy) -> dict[str, Expr]:
         ns = _namespace_allowed(p)
         test = f"variables.requested == {quote(p.name)}" + ("" if ns.text == "true" else f" && ({ns.text})")
         choice = Expr(f"({test}) ? {quote(p.name)} : {choice.text}", choice.cost + ns.cost + 3)
-    by_env = (
-        f"{SPEC}.containers.map(c, has(c.env) && c.env.exists(e, e.name == {quote(contract.SPARK_CONTAINER_ENV)}))"
-        ".indexOf(true)"
+    by_env = position(
+        f"{SPEC}.containers",
+        "c",
+        f"has(c.env) && c.env.exists(e, e.name == {quote(contract.SPARK_CONTAINER_ENV)})",
     )
-    by_name = f"{SPEC}.containers.map(c, c.name == {quote(contract.SPARK_CONTAINER_NAME)}).indexOf(true)"
+    by_name = position(f"{SPEC}.containers", "c", f"c.name == {quote(contract.SPARK_CONTAINER_NAME)}")
     n_containers, n_env = cel.bound("containers"), cel.bound("env")
     token = (
-        f"{has(SPEC, 'volumes')} ? {SPEC}.volumes.map(v, v.name.startsWith({quote(TOKEN_VOLUME_PREFIX)}) && "
-        "has(v.projected)).indexOf(true) : -1"
+        f"{has(SPEC, 'volumes')} ? "
+        + position(
+            f"{SPEC}.volumes", "v", f"v.name.startsWith({quote(TOKEN_VOLUME_PREFIX)}) && has(v.projected)"
+        )
+        + " : -1"
     )
     return {
         "requested": requested,
@@ -408,7 +423,7 @@ class _ProfileOps:
                 found = Expr(f"size({here.ref}) > 0", here.cost + 2)
             else:
                 key_test = f"{has(var, name_of)} && {cel.field(var, name_of)} == {literal(name)}"
-                index = Expr(f"{here.ref}.map({var}, {key_test}).lastIndexOf(true)", here.cost + n * 5)
+                index = Expr(position(here.ref, var, key_test, last=True), here.cost + n * 6)
                 found = Expr(f"{index.text} >= 0", index.cost + 1)
             element = here.index(index)
             chunks.append(when(found, self._merge(value, element, (*path, f"[{name}]")), append))
@@ -465,10 +480,10 @@ class _ProfileOps:
                 continue
             keep = [f"c.name != {quote(n)}" for n in self._replaced_elements(key)]
             if key == "containers" and self._replaced_spark_mounts():
-                keep.append(f"{SPEC}.containers.map(n, n.name).indexOf(c.name) != variables.spark")
+                keep.append(f"{position(f'{SPEC}.containers', 'n', 'n.name == c.name')} != variables.spark")
             mounted = "has(c.volumeMounts) && c.volumeMounts.exists(m, m.name == variables.tokenName)"
-            index = f"{SPEC}.{key}.map(n, n.name).indexOf(c.name)"
-            mount = "c.volumeMounts.map(m, m.name == variables.tokenName).indexOf(true)"
+            index = position(f"{SPEC}.{key}", "n", "n.name == c.name")
+            mount = position("c.volumeMounts", "m", "m.name == variables.tokenName")
             remove = (
                 f'JSONPatch{{op: "remove", path: "/spec/{key}/" + string({index}) + "/volumeMounts/" + '
                 f"string({mount})}}"
@@ -532,7 +547,12 @@ class _ProfileOps:
                 )
                 out = when(test, ops(patch("add", at, literal(kept), cel.size(kept))), out)
             return out
-        index = {k: Expr(f"{tols}.indexOf({literal(default_toleration(k))})", 8 * 64) for k in stale}
+        index = {
+            k: Expr(
+                position(tols, "t", f"t == {literal(default_toleration(k))}"), 10 * cel.bound("tolerations")
+            )
+            for k in stale
+        }
         removals = {k: ops(patch("remove", at.index(index[k]))) for k in stale}
         if len(stale) == 1:
             ((key, test),) = stale.items()
