@@ -87,6 +87,13 @@ def register(subparsers: Any) -> None:
         default=300.0,
         help="seconds between dry-run probes of the policy's profiles while leading (0: never)",
     )
+    a.add_argument(
+        "--admission",
+        choices=("webhook", "policy"),
+        default=env("SPARKGATE_ADMISSION", "webhook"),
+        help="policy: keep the MutatingAdmissionPolicy rendered from the policy applied while leading, for the "
+        "install without the webhook ($SPARKGATE_ADMISSION; docs/install.md)",
+    )
     a.set_defaults(run=run_allocator)
 
     s = subparsers.add_parser("status", help="show the allocator's view of every app")
@@ -126,6 +133,7 @@ def assemble(
     certs: Target | None = None,
     certs_interval: float = 60.0,
     probe_interval: float = 0.0,
+    admission_policy: bool = False,
     stop: threading.Event | None = None,
 ) -> Allocator:
     """The allocator's parts and who feeds whom (the threading model is in allocator/loop.py):
@@ -283,6 +291,14 @@ def assemble(
                 follow=probe.forget,
             )
         )
+    if admission_policy:
+        from .admission_policy import TASK, AdmissionPolicySync
+
+        sync = AdmissionPolicySync(kube, policy, options.install_namespace)
+        # Polled like the probe, so that a policy change reaches the API server within seconds.
+        tasks.append(
+            LeaderTask(TASK, 2.0, sync.run_if_due, elector=elector, own_lease=False, stop=stop, on_run=on_run)
+        )
     for task in tasks:
         for result in ("ok", "error"):
             metrics.task_runs.labels(task.name, result)
@@ -327,6 +343,7 @@ def run_allocator(args: argparse.Namespace) -> int:
         certs=target_from(args, args.namespace) if args.certs else None,
         certs_interval=args.certs_interval,
         probe_interval=args.probe_interval,
+        admission_policy=args.admission == "policy",
     )
     controller = allocator.controller
     host, _, port = args.http.rpartition(":")
