@@ -5,9 +5,9 @@ shapes and gates executor pods itself, with the MutatingAdmissionPolicy and bind
 writes from the policy. The allocator's leader keeps those two cluster-scoped objects equal to the rendering
 of the policy its PolicySource holds: when the policy ConfigMap changes (the source reloads the file; a bad
 document is refused and the last good policy stays, so do its objects) and every `interval` seconds, which
-also repairs a hand edit. Each object is written by server-side apply with the allocator's field manager
-and `force` (sparkgate owns them), so an apply that changes nothing writes nothing (the API server's no-op
-detection) and a field another manager added is kept. A policy that cannot be rendered within the API
+also repairs a hand edit. Each object is created when missing, and otherwise written by server-side apply
+with the allocator's field manager and `force` (sparkgate owns them), so an apply that changes nothing
+writes nothing (the API server's no-op detection) and a field another manager added is kept. A policy that cannot be rendered within the API
 server's limits (sparkgate/render.py: RenderError) leaves the objects in force as they are; the run is an
 error (`sparkgate_allocator_task_runs_total{task="admission-policy",result="error"}`) with the reason in the
 log, and is tried again at the next change or interval. API faults are retried by Kube.request with backoff.
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sparkgate import contract
-from sparkgate.kube import Kube
+from sparkgate.kube import Kube, NotFound
 from sparkgate.policy_file import PolicySource
 from sparkgate.render import POLICY_NAME, render
 
@@ -34,10 +34,10 @@ TASK = "admission-policy"
 FIELD_MANAGER = "sparkgate-allocator"
 APPLY = "application/apply-patch+yaml"  # JSON is YAML
 DEFAULT_INTERVAL = 60.0
-_PATHS = {
-    "MutatingAdmissionPolicy": "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicies",
-    "MutatingAdmissionPolicyBinding": "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicybindings",
-}
+POLICIES = "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicies"
+BINDINGS = "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicybindings"
+_APPLY_QUERY = {"fieldManager": FIELD_MANAGER, "force": True}
+_CREATE_QUERY = {"fieldManager": FIELD_MANAGER}
 
 
 class AdmissionPolicySync:
@@ -79,16 +79,35 @@ class AdmissionPolicySync:
         # Marked before rendering: a policy that cannot be rendered is tried again at the interval, not
         # at every poll.
         self._applied = (policy.digest, self._monotonic())
-        objects = render(policy, self.namespace).objects  # RenderError: the objects in force stay
+        policy_object, binding = render(policy, self.namespace).objects  # RenderError: the objects stay
+        # The policy before the binding that names it. Each is created when missing (so RBAC's `create` is
+        # what makes it, visibly) and otherwise applied; the paths are literal for tests/manifests/test_rbac.py.
         out = []
-        for obj in objects:  # the policy before the binding that names it
-            path = f"{_PATHS[obj['kind']]}/{POLICY_NAME}"
+        try:
+            self.kube.get(f"{POLICIES}/{POLICY_NAME}")
+        except NotFound:
+            out.append(self.kube.request("POST", POLICIES, query=_CREATE_QUERY, body=policy_object))
+        else:
             out.append(
                 self.kube.request(
                     "PATCH",
-                    path,
-                    query={"fieldManager": FIELD_MANAGER, "force": True},
-                    body=json.dumps(obj),
+                    f"{POLICIES}/{POLICY_NAME}",
+                    query=_APPLY_QUERY,
+                    body=json.dumps(policy_object),
+                    content_type=APPLY,
+                )
+            )
+        try:
+            self.kube.get(f"{BINDINGS}/{POLICY_NAME}")
+        except NotFound:
+            out.append(self.kube.request("POST", BINDINGS, query=_CREATE_QUERY, body=binding))
+        else:
+            out.append(
+                self.kube.request(
+                    "PATCH",
+                    f"{BINDINGS}/{POLICY_NAME}",
+                    query=_APPLY_QUERY,
+                    body=json.dumps(binding),
                     content_type=APPLY,
                 )
             )
