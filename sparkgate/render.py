@@ -52,6 +52,11 @@ from sparkgate.policy import ALWAYS_EXCLUDED, Policy, PolicyError, Profile
 API_VERSION = "admissionregistration.k8s.io/v1"
 POLICY_NAME = "sparkgate"  # the MutatingAdmissionPolicy and its binding
 MANAGED_LABEL = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
+# cel-go's parser refuses an expression longer than this many code points (parser.go, the default
+# ExpressionSizeCodePointLimit, which kube-apiserver does not change).
+EXPRESSION_SIZE_LIMIT = 100_000
+MAX_BRANCH_CHARACTERS = 60_000  # one mutation's profiles together, leaving room for the rest
+PROFILES_PER_MUTATION = 8  # each profile nests one conditional deeper; cel-go's parser stops at 250 levels
 # etcd's default --max-request-bytes (1.5 MiB): the largest object the API server can store.
 MAX_OBJECT_BYTES = 1_572_864
 DERIVED_RULES_RENDERED = ("Priority", "RuntimeClass", "ServiceAccount", "DefaultTolerationSeconds")
@@ -94,16 +99,10 @@ def render(policy: Policy, install_namespace: str = contract.INSTALL_NAMESPACE) 
         "namespace-not-excluded": _not_excluded(policy),
     }
     variables = _variables(policy)
-    mutation = _metadata_ops({contract.ANNOTATION_PROFILE: (contract.NO_PROFILE, False)}, {})
-    for p in reversed(policy.profiles):
-        mutation = when(Expr(f"variables.profile == {quote(p.name)}", 2), _ProfileOps(p).render(), mutation)
-    mutation = concat([mutation, _gate()])
-    # `.map(p, p)`: the identity, for kubesim, whose list concatenation loses the JSONPatch type of the
-    # elements (kubesim/cel.py `_plain` converts a ListType, not the list `+` returns). Harmless in cel-go.
-    mutation = Expr(f"({mutation.text}).map(p, p)", mutation.cost + 2 * 64)
+    mutations = _mutations(policy)
     costs = {f"matchConditions[{name}]": c.cost for name, c in conditions.items()}
     costs.update({f"variables[{name}]": v.cost for name, v in variables.items()})
-    costs["mutations[0]"] = mutation.cost
+    costs.update({f"mutations[{i}]": m.cost for i, m in enumerate(mutations)})
     spec: dict[str, Any] = {
         "paramKind": None,
         "matchConstraints": {
@@ -130,7 +129,7 @@ def render(policy: Policy, install_namespace: str = contract.INSTALL_NAMESPACE) 
         },
         "matchConditions": [{"name": n, "expression": c.text} for n, c in conditions.items()],
         "variables": [{"name": n, "expression": v.text} for n, v in variables.items()],
-        "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": mutation.text}}],
+        "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": m.text}} for m in mutations],
         "failurePolicy": "Ignore",
         "reinvocationPolicy": "IfNeeded",
     }
@@ -158,6 +157,48 @@ def render(policy: Policy, install_namespace: str = contract.INSTALL_NAMESPACE) 
     return rendered
 
 
+def _mutations(policy: Policy) -> list[Expr]:
+    """The profiles' branches, a few profiles per mutation so that each expression stays within cel-go's
+    parser limits (EXPRESSION_SIZE_LIMIT code points, nesting depth), then the `none` branch and the gate.
+
+    The API server runs a policy's mutations in order, each on the previous one's result, and re-evaluates
+    the variables for each: the mutation holding the chosen profile applies it to the pod as received
+    (the ones before change nothing), and the ones after it pick the same profile again (the pod now names
+    it in `sparkgate.io/profile`), which none of their branches is. The gate's operations test the pod as
+    they find it and are idempotent, so they can come last on their own."""
+    chunks: list[list[tuple[str, Expr]]] = [[]]
+    size = 0
+    for p in policy.profiles:
+        branch = _ProfileOps(p).render()
+        if len(branch.text) > MAX_BRANCH_CHARACTERS:
+            raise RenderError(
+                [
+                    f"profile {p.name}: its operations take {len(branch.text):,} characters of CEL, above the "
+                    f"{MAX_BRANCH_CHARACTERS:,} that keep one mutation within cel-go's limit of "
+                    f"{EXPRESSION_SIZE_LIMIT:,} code points per expression"
+                ]
+            )
+        if chunks[-1] and (
+            size + len(branch.text) > MAX_BRANCH_CHARACTERS or len(chunks[-1]) >= PROFILES_PER_MUTATION
+        ):
+            chunks.append([])
+            size = 0
+        chunks[-1].append((p.name, branch))
+        size += len(branch.text)
+    none = _metadata_ops({contract.ANNOTATION_PROFILE: (contract.NO_PROFILE, False)}, {})
+    last = concat([when(Expr(f"variables.profile == {quote(contract.NO_PROFILE)}", 2), none), _gate()])
+    out = []
+    for chunk in chunks:
+        mutation = NO_OPS
+        for name, branch in reversed(chunk):
+            mutation = when(Expr(f"variables.profile == {quote(name)}", 2), branch, mutation)
+        if mutation is not NO_OPS:
+            out.append(mutation)
+    # `.map(p, p)`: the identity, for kubesim, whose list concatenation loses the JSONPatch type of the
+    # elements (kubesim/cel.py `_plain` converts a ListType, not the list `+` returns). Harmless in cel-go.
+    return [Expr(f"({m.text}).map(p, p)", m.cost + 2 * 64) for m in [*out, last]]
+
+
 def check_limits(rendered: Rendering) -> list[str]:
     """The API server's limits that the rendering would break (each with the limit's source)."""
     out = [
@@ -171,6 +212,17 @@ def check_limits(rendered: Rendering) -> list[str]:
             f"the policy's expressions cost up to {rendered.total_cost:,} together, above the API server's "
             f"budget of {cel.RUNTIME_BUDGET:,} per policy evaluation (RuntimeCELCostBudget, apis/cel/config.go)"
         )
+    spec = rendered.objects[0]["spec"]
+    expressions = {
+        **{f"matchConditions[{c['name']}]": c["expression"] for c in spec["matchConditions"]},
+        **{f"variables[{v['name']}]": v["expression"] for v in spec["variables"]},
+        **{f"mutations[{i}]": m["jsonPatch"]["expression"] for i, m in enumerate(spec["mutations"])},
+    }
+    out += [
+        f"{place}: {len(text):,} code points, above cel-go's limit of {EXPRESSION_SIZE_LIMIT:,} per expression"
+        for place, text in expressions.items()
+        if len(text) > EXPRESSION_SIZE_LIMIT
+    ]
     if rendered.size > MAX_OBJECT_BYTES:
         out.append(
             f"the MutatingAdmissionPolicy is {rendered.size:,} bytes, above the {MAX_OBJECT_BYTES:,} bytes that "
@@ -217,23 +269,32 @@ def _variables(policy: Policy) -> dict[str, Expr]:
         f'{ANNOTATIONS}[{quote(contract.ANNOTATION_PROFILE)}] : ""',
         4,
     )
-    choice = Expr(quote(contract.NO_PROFILE), 0)
-    for p in reversed(policy.profiles):
+    # Flat lists of tests rather than a chain of conditionals, whose nesting would grow with the profiles
+    # (cel-go's parser stops at 250 levels): the first profile whose test holds, by its index.
+    names = literal([p.name for p in policy.profiles])
+    chosen, matching, cost = [], [], 0
+    for p in policy.profiles:
+        ns = _namespace_allowed(p)
         labels = [
             f"{has(LABELS, k)} && {LABELS}[{quote(k)}] == {quote(v)}" for k, v in p.match.labels.items()
         ]
-        ns = _namespace_allowed(p)
-        test = " && ".join([*([f"({ns.text})"] if ns.text != "true" else []), *labels])
-        if not test:  # matches every executor pod: the profiles after it are never chosen
-            choice = Expr(quote(p.name), 0)
-            continue
-        choice = Expr(
-            f"({test}) ? {quote(p.name)} : {choice.text}", choice.cost + ns.cost + 3 * len(labels) + 1
+        chosen.append(
+            f"variables.requested == {quote(p.name)}" + ("" if ns.text == "true" else f" && ({ns.text})")
         )
-    for p in reversed(policy.profiles):
-        ns = _namespace_allowed(p)
-        test = f"variables.requested == {quote(p.name)}" + ("" if ns.text == "true" else f" && ({ns.text})")
-        choice = Expr(f"({test}) ? {quote(p.name)} : {choice.text}", choice.cost + ns.cost + 3)
+        matching.append(" && ".join([*([f"({ns.text})"] if ns.text != "true" else []), *labels]) or "true")
+        cost += 2 * ns.cost + 3 * len(labels) + 8
+    requested_index = Expr(position("[" + ", ".join(f"({t})" for t in chosen) + "]", "m", "m"), cost)
+    match_index = Expr(position("[" + ", ".join(f"({t})" for t in matching) + "]", "m", "m"), cost)
+    none = quote(contract.NO_PROFILE)
+    choice = (
+        Expr(
+            f"variables.requestedIndex >= 0 ? {names}[variables.requestedIndex] : "
+            f"variables.matchIndex >= 0 ? {names}[variables.matchIndex] : {none}",
+            6,
+        )
+        if policy.profiles
+        else Expr(none, 0)
+    )
     by_env = position(
         f"{SPEC}.containers",
         "c",
@@ -250,6 +311,7 @@ def _variables(policy: Policy) -> dict[str, Expr]:
     )
     return {
         "requested": requested,
+        **({"requestedIndex": requested_index, "matchIndex": match_index} if policy.profiles else {}),
         "profile": choice,
         "sparkByEnv": Expr(by_env, n_containers * (n_env * 3 + 3) + n_containers),
         "sparkByName": Expr(by_name, n_containers * 3 + n_containers),
