@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from . import admission, common, extender, refill, scale, value
+from . import admission, admission_policy, common, extender, refill, scale, value
 from .common import Benchmark, Row
 
 BENCHMARKS: dict[str, Benchmark] = {
@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "refill": refill,
     "value": value,
     "extender": extender,
+    "admission_policy": admission_policy,
 }
 
 

@@ -149,3 +149,15 @@ def test_extender(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
             assert figures["count"] == config["requests"] and 0 < figures["p50"] <= figures["p99"]
             assert figures["p99_range"] == [figures["p99"], figures["p99"]]
     assert len(document["rounds"]) == config["rounds"] == 1
+
+
+def test_admission_policy(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
+    document = finished(results, "admission_policy")
+    for entry in document["cel_cost"].values():
+        for kind in ("estimate", "measured_kubesim"):
+            assert 0 < entry[kind]["max_expression"] <= entry[kind]["total"] < 10_000_000
+        # The estimate bounds what kubesim measures on a real Spark pod, expression by expression.
+        assert entry["estimate"]["total"] >= entry["measured_kubesim"]["total"]
+    for mode in ("policy", "webhook"):
+        figures = document["create_ms"][mode]
+        assert figures["count"] == document["config"]["pods"] and 0 < figures["p50"] <= figures["p95"]
