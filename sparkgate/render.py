@@ -3,13 +3,14 @@
 `render(policy)` returns one `MutatingAdmissionPolicy` and its `MutatingAdmissionPolicyBinding`
 (admissionregistration.k8s.io/v1, GA in Kubernetes 1.36): with them installed the API server shapes and
 gates executor pods itself, with no webhook, certificate or timeout in the admission path. The rendered
-pod must equal the pod after `sparkgate.mutation.mutate` field by field (tests/sparkgate/test_render.py
-is the oracle; docs/policy.md lists what cannot be equal and why).
+pod must equal the pod after `sparkgate.mutation.mutate` field by field (tests/sparkgate/
+test_render_parity.py is the oracle; docs/policy.md lists what cannot be equal and why).
 
 Why one policy with a branch per profile rather than one policy per profile: the API server evaluates
 every bound policy's match conditions on every executor pod, and a profile's policy must prove that no
 earlier profile matched, so N policies cost O(N²) per pod; one policy picks the profile once
-(`variables.profile`, O(N)) and runs only the chosen branch (a CEL conditional evaluates one side).
+(`variables.profile`, O(N)) and runs only the chosen branch (a CEL conditional evaluates one side). The
+branches are spread over a few mutations (`_mutations`) to stay within cel-go's parser limits.
 
 How the webhook's rules become CEL (docs/real-cluster-facts.md, "Admission policies in the API server"):
 
@@ -22,7 +23,7 @@ How the webhook's rules become CEL (docs/real-cluster-facts.md, "Admission polic
   few removals (the derived fields) come last, so the original indexes stay right.
 - The template merge (sparkgate/mutation/merge.py) is unrolled over the template, which is known here:
   a field the pod lacks is added whole, a map is merged key by key, a list with a merge key is merged by
-  that key (the last element of a name, as the webhook's index keeps the last element of a name) and other lists by
+  that key (into the last element of a name, as the webhook's index keeps the last) and other lists by
   value; Spark's container is `variables.spark` (sparkgate.contract.spark_container_index).
 - The derived fields (sparkgate/mutation/derived.py, RULES) are dropped under the same conditions.
 
