@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-BENCHMARKS = ("admission", "scale", "refill", "value", "extender")
+BENCHMARKS = ("admission", "scale", "refill", "value", "extender", "admission_policy")
 
 
 @pytest.fixture(scope="module")
