@@ -123,6 +123,13 @@ def register(subparsers: Any) -> None:
         help="at most this many dry-run pod creations per probe run (>= 2); the pairs left over are "
         "probed by the next runs, rotating through the namespaces",
     )
+    a.add_argument(
+        "--admission",
+        choices=("webhook", "policy"),
+        default=env("SPARKGATE_ADMISSION", "webhook"),
+        help="policy: keep the MutatingAdmissionPolicy rendered from the policy applied while leading, for the "
+        "install without the webhook ($SPARKGATE_ADMISSION; docs/install.md)",
+    )
     a.set_defaults(run=run_allocator)
 
     s = subparsers.add_parser("status", help="show the allocator's view of every app")
@@ -178,6 +185,7 @@ def assemble(
     certs_interval: float = 60.0,
     probe_interval: float = 0.0,
     probe_max_dry_runs: int = 100,
+    admission_policy: bool = False,
     stop: threading.Event | None = None,
     write_budget: TokenBucket | None = None,
 ) -> Allocator:
@@ -353,6 +361,14 @@ def assemble(
                 follow=probe.forget,
             )
         )
+    if admission_policy:
+        from .admission_policy import TASK, AdmissionPolicySync
+
+        sync = AdmissionPolicySync(kube, policy, options.install_namespace)
+        # Polled like the probe, so that a policy change reaches the API server within seconds.
+        tasks.append(
+            LeaderTask(TASK, 2.0, sync.run_if_due, elector=elector, own_lease=False, stop=stop, on_run=on_run)
+        )
     for task in tasks:
         for result in ("ok", "error"):
             metrics.task_runs.labels(task.name, result)
@@ -413,6 +429,7 @@ def run_allocator(args: argparse.Namespace) -> int:
             probe_interval=args.probe_interval,
             probe_max_dry_runs=args.probe_max_dry_runs,
             write_budget=budget,
+            admission_policy=args.admission == "policy",
         )
     except ValueError as e:  # durations the elector refuses (sparkgate/leader.py)
         print(f"sparkgate allocator: {e}", file=sys.stderr)

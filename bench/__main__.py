@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from . import admission, common, extender, gates, kubesim_policy, refill, scale, value
+from . import admission, admission_policy, common, extender, gates, kubesim_policy, refill, scale, value
 from .common import Benchmark, Row
 
 BENCHMARKS: dict[str, Benchmark] = {
@@ -18,6 +18,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "extender": extender,
     "kubesim_policy": kubesim_policy,
     "gates": gates,
+    "admission_policy": admission_policy,
 }
 
 

@@ -46,8 +46,8 @@ from sandbox.local_webhook import free_port
 from sparkgate import contract
 from sparkgate.contract import AppKey
 from sparkgate.json_patch import apply_patch
+from sparkgate.mutation import mutate
 from sparkgate.policy import Policy, load_policy
-from webhook.mutation import mutate
 
 from . import common
 from .common import Row, fmt

@@ -51,8 +51,8 @@ from allocator.status import executor_counts, observe_apps
 from sparkgate import contract
 from sparkgate.contract import AppKey
 from sparkgate.json_patch import apply_patch
+from sparkgate.mutation import mutate
 from sparkgate.policy import Policy, load_policy
-from webhook.mutation import mutate
 
 from . import common
 from .common import Row, fmt

@@ -5,7 +5,10 @@
         system.webhook        # the real `sparkgate webhook` (gunicorn, TLS), registered as the manifests do
         system.allocator      # the real `sparkgate allocator` process, with the allocator's service account
 
-`LocalSystem(..., sparkgate=False)` is the same cluster with nothing installed: the baseline. The webhook
+`LocalSystem(..., sparkgate=False)` is the same cluster with nothing installed: the baseline.
+`LocalSystem(..., admission="policy")` installs sparkgate without the webhook, as
+manifests/components/admission-policy does: the allocator applies the MutatingAdmissionPolicy rendered from
+the policy (`--admission policy`), and the system is started once its binding is in the store. The webhook
 configurations are those of manifests/base/webhooks.yaml (objectSelector spark-role=executor, the system
 namespaces excluded, the policy probe's dry runs excluded by a matchCondition, failurePolicy Ignore), with a loopback URL instead of the Service and a longer
 timeout: WEBHOOK_TIMEOUT, 30 s, the API server's maximum. Here the API server, the
@@ -182,6 +185,7 @@ class LocalSystem:
         namespaces: tuple[str, ...] = ("spark",),
         allocator_tick: float = 0.5,
         allocator_log_level: str = "info",
+        admission: str = "webhook",
         **cluster_options: Any,
     ) -> None:
         self.policy = policy
@@ -190,6 +194,7 @@ class LocalSystem:
         self.namespaces = namespaces
         self.allocator_tick = allocator_tick
         self.allocator_log_level = allocator_log_level
+        self.admission = admission
         self.cluster = Cluster(**cluster_options)
         self.webhook: LocalWebhook | None = None
         self.allocator: AllocatorProcess | None = None
@@ -200,7 +205,21 @@ class LocalSystem:
             self.cluster.start()
             for namespace in self.namespaces:
                 self.cluster.add_namespace(namespace)
-            if self.sparkgate:
+            if self.sparkgate and self.admission == "policy":
+                self.allocator = AllocatorProcess(
+                    self.cluster,
+                    self.policy,
+                    self.workdir,
+                    tick=self.allocator_tick,
+                    log_level=self.allocator_log_level,
+                    extra_args=("--admission", "policy"),
+                )
+                self.cluster.wait_for(
+                    lambda: bool(self.cluster.store.list_objects("mutatingadmissionpolicybindings")[0]),
+                    timeout=60,
+                    what="the allocator to apply the rendered MutatingAdmissionPolicy and its binding",
+                )
+            elif self.sparkgate:
                 self.webhook = LocalWebhook(
                     self.policy, self.workdir / "webhook", allocator_users=(contract.ALLOCATOR_USER,)
                 )

@@ -110,16 +110,31 @@ def _digest(*parts: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:10]
 
 
+# An app id that is a DNS label this short is used as it is (Spark's own ids, `spark-` + 32 hex digits, are).
+PLAIN_APP_ID = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+PLAIN_APP_ID_MAX = NAME_MAX - len("sg-") - 1 - 10
+
+
 def app_configmap_name(app_id: str, source: str) -> str:
     """Name of the per-app copy of the config map `source`.
 
     A pure function of (app id, source name), so the webhook (which mounts it) and the allocator (which
-    creates it) agree without talking. A valid DNS-1123 label for any app id: readable parts, and a digest
-    of the exact inputs so that two apps whose ids differ only in characters that get folded never collide.
+    creates it) agree without talking. A valid DNS-1123 label for any app id. An app id that is already a
+    short DNS label is kept whole, followed by a digest of the source: `sg-<app id>-<digest>`, which a
+    MutatingAdmissionPolicy computes in CEL (it has no hash function; sparkgate/render.py). Any other app
+    id gives readable parts and a digest of the exact inputs, so that two apps whose ids differ only in
+    characters that get folded never collide.
     """
+    if len(app_id) <= PLAIN_APP_ID_MAX and PLAIN_APP_ID.match(app_id):
+        return f"sg-{app_id}-{source_digest(source)}"
     digest = _digest(app_id, source)
     readable = f"{_name_part(app_id, 28)}-{_name_part(source, 20)}".strip("-")
     return f"sg-{readable}-{digest}" if readable else f"sg-{digest}"
+
+
+def source_digest(source: str) -> str:
+    """The digest of a source config map's name that ends its copies' names (for a plain app id)."""
+    return _digest("", source)
 
 
 def configmap_volume_name(source: str) -> str:

@@ -552,7 +552,8 @@ def _read_template(r: _Reader, value: object) -> dict[str, Any]:
 # --- what a template must never set ----------------------------------------------------------------
 # The API server's admission plugins refuse these in a pod, or they would take the pod out of sparkgate's
 # hands or move it between quotas behind the admin's back. docs/policy.md ("Admission plugins") has the
-# table of every plugin that touches pods; webhook/derived.py handles the fields a template may change.
+# table of every plugin that touches pods; sparkgate/mutation/derived.py handles the fields a template may
+# change.
 
 REFUSED_TEMPLATE_FIELDS: dict[tuple[str, ...], str] = {
     ("spec", "nodeName"): (

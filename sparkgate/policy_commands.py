@@ -44,7 +44,15 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         metavar="NAMESPACE",
         help="with --cluster: probe these namespaces (repeatable) instead of listing the cluster's",
     )
+    check.add_argument(
+        "--admission",
+        choices=("webhook", "policy"),
+        default="webhook",
+        help="the install's admission mode: with `policy`, also refuse a policy that cannot be rendered as a "
+        "MutatingAdmissionPolicy within the API server's CEL limits (docs/install.md)",
+    )
     check.set_defaults(run=_check)
+    _register_render(verbs)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -84,6 +92,8 @@ def _check(args: argparse.Namespace) -> int:
             print("    admin wins on: " + ", ".join(".".join(o) for o in p.overrides))
         if p.scheduling != SchedulingOverride():
             print(f"    scheduling: {_scheduling(policy.scheduling_for(p.name))}")
+    if args.admission == "policy" and not _renders(args.file, policy, args.install_namespace):
+        return 1
     return _check_cluster(args, policy) if args.cluster else 0
 
 
@@ -138,3 +148,61 @@ def _scheduling(s: Scheduling) -> str:
         f"packing {s.packing}, driverZone {s.driver_zone}"
     )
     return text + (f"; schedulerName {s.scheduler_name}" if s.scheduler_name else "")
+
+
+def _register_render(verbs: argparse._SubParsersAction[Any]) -> None:
+    render = verbs.add_parser(
+        "render", help="write a policy file as the admission objects that apply it inside the API server"
+    )
+    render.add_argument("file", help="policy YAML file")
+    render.add_argument(
+        "--admission",
+        choices=("policy",),
+        required=True,
+        help="policy: a MutatingAdmissionPolicy and its binding (admissionregistration.k8s.io/v1, "
+        "Kubernetes 1.36+) that do what the webhook does, without the webhook (docs/install.md)",
+    )
+    render.add_argument("--install-namespace", default=contract.INSTALL_NAMESPACE)
+    render.set_defaults(run=_render)
+
+
+def _renders(path: str, policy: Policy, install_namespace: str) -> bool:
+    """Whether the policy renders within the API server's limits; prints why not."""
+    from sparkgate.cel import PER_CALL_LIMIT, RUNTIME_BUDGET
+    from sparkgate.render import RenderError, render
+
+    try:
+        rendered = render(policy, install_namespace)
+    except RenderError as exc:
+        print(f"{path}: cannot be applied as a MutatingAdmissionPolicy:", file=sys.stderr)
+        for line in exc.errors:
+            print(f"  {line}", file=sys.stderr)
+        return False
+    worst = max(rendered.costs.items(), key=lambda kv: kv[1])
+    print(
+        f"  as a MutatingAdmissionPolicy: {rendered.size:,} bytes; CEL cost up to {rendered.total_cost:,} per "
+        f"executor pod (limit {RUNTIME_BUDGET:,}), the dearest expression {worst[0]} up to {worst[1]:,} "
+        f"(limit {PER_CALL_LIMIT:,})"
+    )
+    return True
+
+
+def _render(args: argparse.Namespace) -> int:
+    import yaml
+
+    from sparkgate.render import render
+
+    try:
+        with open(args.file, encoding="utf-8") as f:
+            policy = load_policy(f.read(), args.install_namespace)
+        rendered = render(policy, args.install_namespace)
+    except OSError as exc:
+        print(f"{args.file}: {exc.strerror}", file=sys.stderr)
+        return 1
+    except PolicyError as exc:
+        print(f"{args.file}: {len(exc.errors)} error(s)", file=sys.stderr)
+        for line in exc.errors:
+            print(f"  {line}", file=sys.stderr)
+        return 1
+    print(yaml.safe_dump_all(rendered.objects, sort_keys=False, width=1_000_000), end="")
+    return 0

@@ -17,7 +17,7 @@ the label is shaped as any other, so the label lets no one past the gate. The pr
 
 1. the pod as Spark sends it: the built-in plugins and every other webhook answer, and the answer is the pod
    as sparkgate's webhook receives it in production;
-2. that pod, shaped by the judged policy with the webhook's own function (`webhook.mutation.mutate`): the
+2. that pod, shaped by the judged policy with the webhook's own function (`sparkgate.mutation.mutate`): the
    API server's second pass after sparkgate's webhook, then its validating plugins, policies and webhooks.
 
 A live webhook that shapes the probe pod all the same (installed without the matchCondition) is detected
@@ -41,9 +41,9 @@ from typing import Any
 from sparkgate import contract
 from sparkgate.json_patch import apply_patch
 from sparkgate.kube import Kube, KubeError
+from sparkgate.mutation import mutate
+from sparkgate.mutation.derived import strip_derived
 from sparkgate.policy import Policy, Profile
-from webhook.derived import strip_derived
-from webhook.mutation import mutate
 
 Obj = dict[str, Any]
 DRY_RUN = {"dryRun": "All"}

@@ -18,10 +18,10 @@ from typing import Any
 from flask import Flask, Response, request
 
 from sparkgate import contract
+from sparkgate.mutation import mutate, validate_update
 from sparkgate.policy_file import PolicySource
 
 from . import metrics
-from .mutation import mutate, validate_update
 from .review import MAX_BODY, BadReview, parse_review, review_response
 
 log = logging.getLogger(__name__)

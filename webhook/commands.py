@@ -65,7 +65,7 @@ def _read_input(path: str) -> Any:
 
 
 def run_mutate(args: argparse.Namespace) -> int:
-    from .mutation import mutate
+    from sparkgate.mutation import mutate
 
     try:
         with open(args.policy, encoding="utf-8") as f:

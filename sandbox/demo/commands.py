@@ -28,6 +28,13 @@ def register(subparsers: Any) -> None:
     d.add_argument(
         "--duration", type=float, help="bound of each of the two runs, seconds (default: the scenario's)"
     )
+    d.add_argument(
+        "--admission",
+        choices=("webhook", "policy"),
+        default="webhook",
+        help="how sparkgate shapes and gates executor pods in the run with it: its webhook, or the "
+        "MutatingAdmissionPolicy the allocator renders from the policy (docs/install.md)",
+    )
     d.add_argument("--no-live", action="store_true", help="plain progress lines instead of the live view")
     d.add_argument("--json", type=Path, help="also write the comparison to this file")
     d.add_argument(
@@ -59,10 +66,11 @@ def run_demo(args: argparse.Namespace) -> int:
         f"policy: batchSize {scenario.batch_size}, maxPendingPerApp {scenario.max_pending_per_app}, "
         f"maxPendingCluster {scenario.max_pending_cluster}, pacing {scenario.pacing} · "
         f"each run is bounded to {duration:g}s"
+        + (" · sparkgate as a MutatingAdmissionPolicy, no webhook" if args.admission == "policy" else "")
     )
     results: list[RunResult] = []
     for sparkgate in (False, True):
-        run = Run(scenario, sparkgate=sparkgate, duration=duration)
+        run = Run(scenario, sparkgate=sparkgate, duration=duration, admission=args.admission)
         results.append(_execute(run, console, live))
     without, with_ = results
     console.print(comparison(scenario, without, with_))

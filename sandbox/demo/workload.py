@@ -214,6 +214,7 @@ class Run:
         *,
         sparkgate: bool,
         duration: float,
+        admission: str = "webhook",
         on_tick: Callable[[Run], None] = lambda run: None,
         tick: float = 0.25,
         clock: Callable[[], float] = time.monotonic,
@@ -221,6 +222,7 @@ class Run:
         self.scenario = scenario
         self.sparkgate = sparkgate
         self.duration = duration
+        self.admission = admission
         self.on_tick = on_tick
         self.tick = tick
         self.clock = clock
@@ -242,6 +244,7 @@ class Run:
                 policy,
                 workdir,
                 sparkgate=self.sparkgate,
+                admission=self.admission,
                 namespaces=(NAMESPACE,),
                 allocator_tick=0.5,
                 allocator_log_level="warning",
@@ -257,13 +260,15 @@ class Run:
 
     @property
     def endpoints(self) -> dict[str, str]:
-        if self.system is None or self.system.allocator is None or self.system.webhook is None:
+        if self.system is None or self.system.allocator is None:
             return {}
-        return {
+        out = {
             "allocator /apps": f"{self.system.allocator.url}/apps",
             "allocator /metrics": f"{self.system.allocator.url}/metrics",
-            "webhook /metrics": f"{self.system.webhook.url}/metrics",
         }
+        if self.system.webhook is not None:
+            out["webhook /metrics"] = f"{self.system.webhook.url}/metrics"
+        return out
 
     def _drive(self, system: LocalSystem) -> RunResult:
         cluster = system.cluster

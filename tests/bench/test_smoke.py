@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-BENCHMARKS = ("admission", "scale", "refill", "value", "extender", "gates", "kubesim_policy")
+BENCHMARKS = ("admission", "scale", "refill", "value", "extender", "gates", "kubesim_policy", "admission_policy")
 
 
 @pytest.fixture(scope="module")
@@ -176,3 +176,15 @@ def test_gates(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
     assert 0 <= metric["p50"] <= metric["p99"]
     paced = actor["paced"]["created_to_removed_ms"]
     assert actor["paced"]["pods"] == config["paced"] > 0 and 0 < paced["p50"] <= paced["p99"] <= paced["max"]
+
+
+def test_admission_policy(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
+    document = finished(results, "admission_policy")
+    for entry in document["cel_cost"].values():
+        for kind in ("estimate", "measured_kubesim"):
+            assert 0 < entry[kind]["max_expression"] <= entry[kind]["total"] < 10_000_000
+        # The estimate bounds what kubesim measures on a real Spark pod, expression by expression.
+        assert entry["estimate"]["total"] >= entry["measured_kubesim"]["total"]
+    for mode in ("policy", "webhook"):
+        figures = document["create_ms"][mode]
+        assert figures["count"] == document["config"]["pods"] and 0 < figures["p50"] <= figures["p95"]

@@ -282,7 +282,16 @@ def test_cert_manager_hands_certificates_over(kustomize: ModuleType, components:
         for rule in objects[(kind, "sparkgate-allocator")]["rules"]
         for resource in rule["resources"]
     }
-    assert granted == {"pods", "configmaps", "events", "leases", "namespaces", "nodes"}
+    assert granted == {
+        "pods",
+        "configmaps",
+        "events",
+        "leases",
+        "namespaces",
+        "nodes",
+        "mutatingadmissionpolicies",
+        "mutatingadmissionpolicybindings",
+    }
     certificate = objects[("Certificate", "sparkgate-webhook")]["spec"]
     webhook_names = {
         w["clientConfig"]["service"]["name"] + "." + w["clientConfig"]["service"]["namespace"] + ".svc"

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from rich.console import Console
 
 from sandbox.demo.scenarios import SCENARIOS, AppSpec
@@ -35,7 +36,10 @@ def processes_mentioning(text: str) -> list[str]:
     return found
 
 
-def test_the_demo_compares_without_and_with_and_leaves_nothing_behind(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "admission", ["webhook", "policy"]
+)  # policy: the MutatingAdmissionPolicy, no webhook
+def test_the_demo_compares_without_and_with_and_leaves_nothing_behind(tmp_path: Path, admission: str) -> None:
     out = tmp_path / "report.json"
     env = {**os.environ, "TMPDIR": str(tmp_path)}  # the demo's workdirs, to look for leftovers
     done = subprocess.run(
@@ -50,6 +54,8 @@ def test_the_demo_compares_without_and_with_and_leaves_nothing_behind(tmp_path: 
             # must not turn slow progress into an incomplete run. A run that completes ends at once.
             "--duration",
             str(DURATION),
+            "--admission",
+            admission,
             "--no-live",
             "--json",
             str(out),

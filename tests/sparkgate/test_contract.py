@@ -51,3 +51,16 @@ def test_configmap_names_are_valid_for_any_input(app_id: str, source: str) -> No
 def test_configmap_names_do_not_collide_when_folded() -> None:
     assert contract.app_configmap_name("App_1", "conf") != contract.app_configmap_name("app-1", "conf")
     assert contract.app_configmap_name("a", "conf") == contract.app_configmap_name("a", "conf")
+
+
+def test_a_plain_app_id_is_kept_whole_in_the_copy_name_so_cel_can_compute_it() -> None:
+    """Spark's own ids (`spark-` + 32 hex digits) are DNS labels: the copy is `sg-<app id>-<digest of the
+    source>`, which a MutatingAdmissionPolicy writes by concatenation (sparkgate/render.py)."""
+    app_id = "spark-d26cd641513a48f2bd6c307f1a3bcf30"
+    name = contract.app_configmap_name(app_id, "spark-log4j")
+    assert name == f"sg-{app_id}-{contract.source_digest('spark-log4j')}"
+    assert DNS_LABEL.match(name) and len(name) <= 63
+    longest = "a" * contract.PLAIN_APP_ID_MAX
+    assert len(contract.app_configmap_name(longest, "x")) == 63
+    assert contract.app_configmap_name(longest + "a", "x").startswith("sg-" + "a" * 28 + "-x-")
+    assert contract.app_configmap_name(app_id, "a") != contract.app_configmap_name(app_id, "b")

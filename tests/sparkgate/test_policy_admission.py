@@ -83,7 +83,7 @@ def test_fields_the_plugins_derive_from_are_allowed() -> None:
 
 
 def test_docs_policy_lists_every_refused_field_and_every_derived_rule() -> None:
-    from webhook.derived import RULES
+    from sparkgate.mutation.derived import RULES
 
     doc = (Path(__file__).parents[2] / "docs" / "policy.md").read_text()
     section = doc[doc.index("## Admission plugins") :]

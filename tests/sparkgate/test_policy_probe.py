@@ -21,9 +21,9 @@ from kubesim.cluster import Cluster
 from sparkgate import contract
 from sparkgate.cli import main
 from sparkgate.kube import Kube, KubeError
+from sparkgate.mutation import mutate
 from sparkgate.policy import load_policy
 from sparkgate.probe import Verdict, captured_executor_pod, probe, probe_name, spark_pod, targets
-from webhook.mutation import mutate
 
 Obj = dict[str, Any]
 HARDENED = """

@@ -13,7 +13,7 @@ from sparkgate.policy_file import PolicySource
 from webhook import app as app_module
 from webhook.app import create_app
 
-from .test_mutation import executor, request_for
+from ..sparkgate.mutation.test_mutation import executor, request_for
 
 
 class Clock:

@@ -19,7 +19,7 @@ from cryptography import x509
 from sandbox.local_webhook import LocalWebhook, write_serving_cert
 from sparkgate import contract
 
-from .test_mutation import executor, request_for
+from ..sparkgate.mutation.test_mutation import executor, request_for
 
 POLICY = Path(__file__).parents[2] / "manifests" / "components" / "example-policy" / "policy.yaml"
 

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparkgate import contract
+from sparkgate.mutation import Outcome, mutate, validate_update
 from sparkgate.policy import Policy, load_policy
-from webhook.mutation import Outcome, mutate, validate_update
 
 
 def request_for(

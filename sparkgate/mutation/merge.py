@@ -38,6 +38,11 @@ _LIST_KEYS = {
 SPARK_CONTAINER = contract.SPARK_CONTAINER_NAME
 
 
+def list_key(field: str) -> str | None:
+    """The key that identifies an element of the list `field` (None: elements are merged by value)."""
+    return _LIST_KEYS.get(field)
+
+
 def merge(pod: Any, template: Any, overrides: frozenset[Path], path: Path = ()) -> Any:
     """`pod` with `template` merged in; `path` is where both values sit (as in the override paths)."""
     if path in overrides:
@@ -61,7 +66,7 @@ def _merge_maps(pod: dict[str, Any], template: dict[str, Any], overrides: frozen
 
 
 def _merge_lists(pod: list[Any], template: list[Any], overrides: frozenset[Path], path: Path) -> list[Any]:
-    key = _LIST_KEYS.get(path[-1]) if path else None
+    key = list_key(path[-1]) if path else None
     out: list[Any] | None = None
     if key is None:
         for value in template:

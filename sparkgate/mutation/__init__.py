@@ -1,13 +1,14 @@
-"""What the webhook does to an executor pod, and what it lets through on update: pure functions.
+"""What sparkgate does to an executor pod, and what it lets through on update: pure functions.
 
 `mutate(request, policy)` turns the `request` of an AdmissionReview into JSON Patch operations. Only the
 CREATE of a Pod with Spark's executor role and an app id, outside the excluded namespaces, is changed: the
-first matching profile's template is merged in (webhook/merge.py), its labels and annotations added, its
-config maps mounted from the per-app copies the allocator creates, and the gate appended. What the API
-server's plugins derived from a field the template changed is dropped, so that their second pass derives
-it again instead of refusing the pod (webhook/derived.py). Spark's own labels are never changed. The
-webhook never denies an executor pod (docs/architecture.md: a denied creation is an
-executor failure to Spark), so the only outcomes are a patch or no patch.
+first matching profile's template is merged in (sparkgate/mutation/merge.py), its labels and annotations
+added, its config maps mounted from the per-app copies the allocator creates, and the gate appended. What
+the API server's plugins derived from a field the template changed is dropped, so that their second pass
+derives it again instead of refusing the pod (sparkgate/mutation/derived.py). Spark's own labels are never
+changed. sparkgate never denies an executor pod (docs/architecture.md: a denied creation is an executor
+failure to Spark), so the only outcomes are a patch or no patch. The webhook (webhook/app.py) serves this
+function over HTTP; the policy probe (sparkgate/probe.py) applies it to its dry-run pods.
 
 `validate_update(request, allocator_users)` is the gate protection: an UPDATE that removes the sparkgate
 gate is refused unless it comes from the allocator or a member of the break-glass group

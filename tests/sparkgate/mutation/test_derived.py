@@ -17,9 +17,9 @@ from typing import Any
 import jsonpatch
 import pytest
 
+from sparkgate.mutation import mutate
+from sparkgate.mutation.derived import NOT_READY, RULES, UNREACHABLE, drop_stale, strip_derived
 from sparkgate.policy import Policy, load_policy
-from webhook.derived import NOT_READY, RULES, UNREACHABLE, drop_stale, strip_derived
-from webhook.mutation import mutate
 
 Obj = dict[str, Any]
 

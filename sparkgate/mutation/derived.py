@@ -83,7 +83,7 @@ def _drop_token_volume(spec: Spec) -> Spec:
     return out
 
 
-def _default_toleration(key: str) -> dict[str, Any]:
+def default_toleration(key: str) -> dict[str, Any]:
     """What DefaultTolerationSeconds adds when no toleration covers `key` with effect NoExecute."""
     return {
         "key": key,
@@ -93,7 +93,7 @@ def _default_toleration(key: str) -> dict[str, Any]:
     }
 
 
-def _covers(toleration: Any, key: str) -> bool:
+def covers(toleration: Any, key: str) -> bool:
     """defaulttolerationseconds/admission.go: an empty key or effect tolerates every key or effect."""
     return (
         isinstance(toleration, dict)
@@ -103,17 +103,17 @@ def _covers(toleration: Any, key: str) -> bool:
 
 
 def _toleration_covered_anew(key: str) -> Callable[[Spec, Spec], bool]:
-    default = _default_toleration(key)
+    default = default_toleration(key)
 
     def stale(before: Spec, after: Spec) -> bool:
         added = [t for t in after.get("tolerations") or () if t not in (before.get("tolerations") or ())]
-        return default in (before.get("tolerations") or ()) and any(_covers(t, key) for t in added)
+        return default in (before.get("tolerations") or ()) and any(covers(t, key) for t in added)
 
     return stale
 
 
 def _drop_toleration(key: str) -> Callable[[Spec], Spec]:
-    default = _default_toleration(key)
+    default = default_toleration(key)
 
     def drop(spec: Spec) -> Spec:
         if default not in (spec.get("tolerations") or ()):
