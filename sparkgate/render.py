@@ -49,6 +49,7 @@ from sparkgate.mutation.derived import (
 )
 from sparkgate.mutation.merge import SPARK_CONTAINER, list_key
 from sparkgate.policy import ALWAYS_EXCLUDED, Policy, PolicyError, Profile
+from sparkgate.probe import MATCH_CONDITION
 
 API_VERSION = "admissionregistration.k8s.io/v1"
 POLICY_NAME = "sparkgate"  # the MutatingAdmissionPolicy and its binding
@@ -98,6 +99,9 @@ def render(policy: Policy, install_namespace: str = contract.INSTALL_NAMESPACE) 
             3,
         ),
         "namespace-not-excluded": _not_excluded(policy),
+        # `sparkgate policy check --cluster` judges a candidate policy: its dry runs must not be shaped again
+        # by the live policy (the webhook's configuration has the same condition: sparkgate/probe.py).
+        MATCH_CONDITION["name"]: Expr(MATCH_CONDITION["expression"], 8),
     }
     variables = _variables(policy)
     mutations = _mutations(policy)

@@ -22,7 +22,16 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-BENCHMARKS = ("admission", "scale", "refill", "value", "extender", "gates", "kubesim_policy", "admission_policy")
+BENCHMARKS = (
+    "admission",
+    "scale",
+    "refill",
+    "value",
+    "extender",
+    "gates",
+    "kubesim_policy",
+    "admission_policy",
+)
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from sparkgate.cli import main
 from sparkgate.kube import Kube
 from sparkgate.policy import load_policy
 from sparkgate.probe import MATCH_CONDITION, PROBE_LABEL, spark_pod
+from sparkgate.render import render
 
 LIVE = """
 apiVersion: sparkgate.io/v1alpha1
@@ -149,3 +150,33 @@ def test_the_probe_label_lets_no_stored_pod_past_the_webhook(live: tuple[Cluster
     assert contract.GATE in gates
     assert stored["metadata"]["annotations"][contract.ANNOTATION_PROFILE] == "default"
     cluster.store.delete("pods", "spark-b", stored["metadata"]["name"], grace_period_seconds=0)
+
+
+def test_in_the_admission_policy_mode_the_candidate_is_judged_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No webhook: the live policy is the MutatingAdmissionPolicy rendered from LIVE (kubesim runs it as
+    kube-apiserver 1.36 does, kubesim/mutating_policy.py). The rendered policy carries the probe's
+    matchCondition too, so the candidate's dry runs are not shaped again by the live policy: the added
+    profile is judged admitted before it is applied."""
+    candidate = tmp_path / "candidate.yaml"
+    candidate.write_text(CANDIDATE)
+    rendered = render(load_policy(LIVE))
+    assert MATCH_CONDITION in rendered.objects[0]["spec"]["matchConditions"]
+    with Cluster(nodes=1) as cluster:
+        for namespace in ("spark-a", "spark-b", "spark-c"):
+            cluster.add_namespace(namespace)
+        cluster.add_priority_class("spark-batch", 1000)
+        cluster.add_runtime_class("gvisor", "runsc", overhead={"cpu": "250m", "memory": "120Mi"})
+        policy, binding = rendered.objects
+        cluster.store.create("mutatingadmissionpolicies", policy)
+        cluster.store.create("mutatingadmissionpolicybindings", binding)
+        code, lines = check(cluster, candidate, capsys)
+    judged = [line for line in lines if line.startswith("  profile ")]
+    assert judged == [
+        "  profile analytics in namespace spark-a: admitted",
+        "  profile standard in namespace spark-a: admitted",
+        "  profile standard in namespace spark-b: admitted",
+    ]
+    assert any("live policy differs" in line and "profile default" in line for line in lines), lines
+    assert code == 0
