@@ -97,11 +97,12 @@ def measured_cost(objects: list[dict[str, Any]], pod: dict[str, Any], namespace:
     for condition in spec["matchConditions"]:
         assert charge(f"matchConditions[{condition['name']}]", condition["expression"]) is True
     computed: dict[str, Any] = {}
+    # A new mapping each time: kubesim's Inputs keeps its conversion of a document it was given before.
     for variable in spec["variables"]:
-        inputs.set("variables", computed)
+        inputs.set("variables", dict(computed))
         with contextlib.suppress(cel.CelError):  # one this pod never reads (a token volume's name)
             computed[variable["name"]] = charge(f"variables[{variable['name']}]", variable["expression"])
-    inputs.set("variables", computed)
+    inputs.set("variables", dict(computed))
     for i, mutation in enumerate(spec["mutations"]):  # each on the pod as received: an upper bound
         charge(f"mutations[{i}]", mutation["jsonPatch"]["expression"])
     return out

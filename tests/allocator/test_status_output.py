@@ -30,6 +30,7 @@ DOCUMENT: dict[str, Any] = {
             "failed": 2,
             "bypassed": 1,
             "limits": {"batchSize": 10, "batchDelaySeconds": 1.0, "maxPendingPerApp": 12},
+            "pacing": {"window": 10, "reason": "unschedulable", "unanswered": 1},
             "waitingFor": "previous batch not yet bound (1 pods)",
             "driver": {"name": "etl-driver", "phase": "Running"},
             "deletions": {"failed": 2, "deleted_while_gated": 80},
@@ -109,6 +110,7 @@ def test_the_table_is_never_cut_without_a_terminal(
         "RUNNING",
         "FAILED",
         "LIMITS",
+        "WINDOW",
         "WAITING FOR",
     ]
     assert columns(first) == [
@@ -120,10 +122,11 @@ def test_the_table_is_never_cut_without_a_terminal(
         "24",
         "2",
         "batch 10, max 12",
+        "10 (unschedulable, 1 unanswered)",
         "previous batch not yet bound (1 pods)",
     ]
     assert len(first) > 200 and "…" not in "\n".join(lines)
-    assert columns(second) == ["spark", "app-2", "-", "0", "0", "3", "0", "-", "-"]
+    assert columns(second) == ["spark", "app-2", "-", "0", "0", "3", "0", "-", "-", "-"]
     # Columns line up: each header starts where its cells do.
     assert first.index(LONG_APP) == header.index("APP ID") == second.index("app-2")
     assert lines[3:] == ["", "allocator sparkgate-7d9f-abcde (leader); cluster: 7 in flight of 12, 165 gated"]
@@ -133,15 +136,15 @@ def test_wide_adds_the_driver_deletions_backoff_and_refused_nodes(
     allocator_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     header, first, second = status(allocator_url, capsys, "-o", "wide")[:3]
-    assert columns(header)[9:] == ["BYPASSED", "DRIVER", "DELETIONS", "BACKOFF", "REFUSED NODES"]
-    assert columns(first)[9:] == [
+    assert columns(header)[10:] == ["BYPASSED", "DRIVER", "DELETIONS", "BACKOFF", "REFUSED NODES"]
+    assert columns(first)[10:] == [
         "1",
         "etl-driver (Running)",
         "failed=2, deleted_while_gated=80",
         "3 failed, retry in 0.4s",
         "node-3: 7 executors failed here in the last 10m (OOMKilled \u00d77)",
     ]
-    assert columns(second)[9:] == ["0", "-", "-", "-", "-"]
+    assert columns(second)[10:] == ["0", "-", "-", "-", "-"]
 
 
 @pytest.mark.parametrize("output", ["json", "yaml"])

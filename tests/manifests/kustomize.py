@@ -26,6 +26,10 @@ MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 # What docs/install.md lists, in the order a kustomization must name them (cert-manager patches the
 # validating-webhook component's configuration, so it comes after it).
 COMPONENTS = ("example-policy", "scheduler", "prometheus-operator", "validating-webhook", "cert-manager")
+# The install without the webhook (docs/install.md, "Choosing the admission mode"): it deletes what the
+# webhook-side components patch (the webhook configuration, its certificates), so it is listed apart and
+# not combined with validating-webhook or cert-manager.
+ADMISSION_POLICY = "admission-policy"
 
 
 class KustomizeError(Exception):
