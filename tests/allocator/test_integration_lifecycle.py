@@ -104,12 +104,18 @@ def test_a_policy_edit_in_the_middle_of_an_app_changes_nothing_for_its_pods(
     driver = cluster.spark_driver("spark", "long", executors=10, batch_size=10, batch_delay=0.2, cpu="1")
     app = driver.app_id
 
+    seen: list[Any] = []  # the app's last /apps entry, for the message if the wait fails
+
     def waiting() -> bool:
         summary = next((a for a in allocator.apps()["apps"] if a["appId"] == app), None)
+        seen[:] = [summary]
         return summary is not None and summary["gated"] == 4 and summary["running"] == 3
 
     # Room for 3 executors (and the driver): 3 run, a batch of 3 waits for a node, 4 stay gated.
-    cluster.wait_for(waiting, timeout=60, what="3 running, 3 unschedulable, 4 gated")
+    try:
+        cluster.wait_for(waiting, timeout=60, what="3 running, 3 unschedulable, 4 gated")
+    except TimeoutError as e:
+        raise AssertionError(f"{e}; the app's last /apps entry: {seen}") from e
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy.read_text().replace("source: log4j,", "source: log4j-v2,"))
     cluster.wait_for(
