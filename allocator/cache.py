@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,10 @@ def _timestamp(text: str | None) -> float:
         return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return 0.0
+
+
+def _shared(value: str | None) -> str | None:
+    return None if value is None else sys.intern(value)
 
 
 def pod_record(obj: Obj) -> PodRecord | None:
@@ -72,17 +77,19 @@ def pod_record(obj: Obj) -> PodRecord | None:
         c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
         for c in status.get("conditions") or ()
     )
+    # The values every pod of an app (or of a node) repeats are interned: one string each, not one per pod
+    # (a third of a record's memory, bench/scale.py).
     return PodRecord(
-        namespace=meta.get("namespace", ""),
+        namespace=sys.intern(meta.get("namespace", "")),
         name=meta.get("name", ""),
         uid=meta.get("uid", ""),
-        app_id=app_id,
+        app_id=sys.intern(app_id),
         exec_id=int(raw_id) if raw_id.isdecimal() else None,
-        resource_profile=labels.get(contract.LABEL_RESOURCE_PROFILE, "0"),
+        resource_profile=sys.intern(labels.get(contract.LABEL_RESOURCE_PROFILE, "0")),
         gated=gate_index is not None,
-        profile=annotations.get(contract.ANNOTATION_PROFILE),
-        node=spec.get("nodeName") or None,
-        phase=status.get("phase") or "Pending",
+        profile=_shared(annotations.get(contract.ANNOTATION_PROFILE)),
+        node=_shared(spec.get("nodeName") or None),
+        phase=sys.intern(status.get("phase") or "Pending"),
         deleting=bool(meta.get("deletionTimestamp")),
         created=_timestamp(meta.get("creationTimestamp")),
         batch_size=annotations.get(contract.ANNOTATION_BATCH_SIZE),
@@ -135,6 +142,9 @@ class Cache:
         self._sources: set[str] = set()
         self._views: dict[AppKey, AppView] = {}
         self._stale: set[AppKey] = set()  # apps whose view changed since the last snapshot
+        # Pods in flight per namespace, the sum of the views' counts; each app's share as last summed.
+        self._in_flight: Counter[str] = Counter()
+        self._counted: dict[AppKey, int] = {}
         self._gone_uids: set[str] = set()
         self.synced: dict[str, bool] = {}
 
@@ -285,8 +295,8 @@ class Cache:
         self._stale = self._pods.keys() | self._config_maps.keys() | self._drivers.keys()
 
     def snapshot(self) -> Snapshot:
-        # Views are rebuilt only for the apps that changed since the last snapshot: at 500 apps, comparing
-        # every app's key sets on each snapshot was a tenth of a one-app decision (bench/scale.py).
+        # Views (and the in-flight sums) are rebuilt only for the apps that changed since the last snapshot:
+        # a snapshot costs per changed app, whatever the cluster's size (bench/scale.py).
         with self._lock:
             for key in self._stale:
                 if key in self._pods:
@@ -296,16 +306,29 @@ class Cache:
                     pods = ()
                 else:
                     self._driver_seen.discard(key)  # nothing of the app is left: nothing of it is kept
+                    self._count(key, 0)
                     continue
-                self._views[key] = AppView(
+                view = self._views[key] = AppView(
                     key,
                     pods,
                     self._drivers.get(key),
                     key in self._driver_seen,
                     frozenset(self._config_maps.get(key, ())),
                 )
+                self._count(key, view.counts.in_flight)
             self._stale = set()
-            return Snapshot(dict(self._views), frozenset(self._sources))
+            return Snapshot(dict(self._views), frozenset(self._sources), dict(self._in_flight))
+
+    def _count(self, key: AppKey, in_flight: int) -> None:
+        change = in_flight - self._counted.get(key, 0)
+        if change:
+            self._in_flight[key.namespace] += change
+            if not self._in_flight[key.namespace]:
+                del self._in_flight[key.namespace]
+        if in_flight:
+            self._counted[key] = in_flight
+        else:
+            self._counted.pop(key, None)
 
     def pod(self, namespace: str, name: str, app_id: str) -> PodRecord | None:
         with self._lock:

@@ -64,6 +64,8 @@ class AppSettings:
     allocation: Allocation
     waiting_for: str | None  # why gated pods still wait, None when nothing waits
     missing_source: str | None = None  # the source ConfigMap (or, when no source matches, the copy) held for
+    # What holds the gated pods: app, namespace, cluster (a limit), previous-batch, delay, window, source.
+    waiting_on: str | None = None
 
 
 @dataclass(frozen=True)
@@ -78,46 +80,19 @@ class Decision:
     errors: dict[AppKey, str] = field(default_factory=dict)  # apps whose decision raised, and why
 
 
-class InFlightCounts:
-    """Pods in flight per namespace, counted per app view and remembered by the view's identity.
-
-    The cache hands out the same AppView object until the app changes, so a decision counts the pods of the
-    apps that changed since the last one instead of every pod of every app: with 10,000 pods tracked, that
-    count was most of the time of a one-app decision (bench/scale.py). Views are immutable and each entry
-    holds its view, so an identity match is always the right count; only the last snapshot's views are kept
-    (the objects the cache holds anyway). Owned by the caller of `decide` (the loop): not thread-safe.
-    """
-
-    def __init__(self) -> None:
-        self._last: dict[AppKey, tuple[AppView, int]] = {}
-
-    def __call__(self, snapshot: Snapshot) -> tuple[Counter[str], int]:
-        """Pods in flight per namespace and in the whole cluster."""
-        last, current = self._last, {}
-        per_namespace: Counter[str] = Counter()
-        for key, view in snapshot.apps.items():
-            known = last.get(key)
-            if known is None or known[0] is not view:
-                known = (view, sum(1 for p in view.pods if p.in_flight))
-            current[key] = known
-            if known[1]:
-                per_namespace[key.namespace] += known[1]
-        self._last = current
-        return per_namespace, sum(per_namespace.values())
-
-
 class _Budgets:
-    """The in-flight counts of one decision, taken when it first needs them (most decisions stop before the
-    limits: nothing gated, previous batch unbound, batch delay) and kept up to date with its releases."""
+    """The in-flight counts of one decision, taken from the snapshot when it first needs them (most decisions
+    stop before the limits: nothing gated, previous batch unbound, batch delay) and kept up to date with its
+    releases."""
 
-    def __init__(self, snapshot: Snapshot, counts: InFlightCounts) -> None:
+    def __init__(self, snapshot: Snapshot) -> None:
         self._snapshot = snapshot
-        self._count = counts
         self._counts: tuple[Counter[str], int] | None = None
 
     def _get(self) -> tuple[Counter[str], int]:
         if self._counts is None:
-            self._counts = self._count(self._snapshot)
+            per_namespace = Counter(self._snapshot.in_flight_by_namespace())
+            self._counts = per_namespace, sum(per_namespace.values())
         return self._counts
 
     def namespace(self, namespace: str) -> int:
@@ -151,14 +126,13 @@ def decide(
     apps: Collection[AppKey] | None = None,
     *,
     deleted_exec_ids: Mapping[AppKey, Collection[int]] | None = None,
-    in_flight: InFlightCounts | None = None,
     ended: Collection[AppKey] = (),
 ) -> Decision:
     """The actions for `apps` (default: every app of the snapshot). `deleted_exec_ids`: each app's executor
-    ids deleted before (never released again); `in_flight`: the caller's counter, kept across decisions for
-    speed (a fresh one counts every pod); `ended`: the apps that are over (registry.py)."""
+    ids deleted before (never released again), at least for `apps`; `ended`: the apps that are over
+    (registry.py). Its work is per app decided: the budgets come from the snapshot's in-flight sums."""
     keys = list(snapshot.apps) if apps is None else [k for k in apps if k in snapshot.apps]
-    budgets = _Budgets(snapshot, in_flight or InFlightCounts())
+    budgets = _Budgets(snapshot)
     deleted = deleted_exec_ids or {}
     new_memory = {k: _copy_memory(memory[k]) if k in memory else AppMemory() for k in keys}
     keys.sort(
@@ -306,8 +280,9 @@ def _decide_app(
         type_ = "Warning" if scope == "source" else "Normal"
         reason = "SourceConfigMapMissing" if scope == "source" else "Waiting"
         out.append(_event(key, gated[0], type_, reason, f"waiting: {message}", f"{key}/waiting/{scope}"))
+    held = waiting if waiting and gated else None
     return out, AppSettings(
-        allocation, waiting[1] if waiting and gated else None, missing if waiting and gated else None
+        allocation, held[1] if held else None, missing if held else None, held[0] if held else None
     )
 
 
@@ -387,7 +362,7 @@ def _release(
         size = allocation.batch_size - len(mem.last_batch) if window else allocation.batch_size
         if size <= 0:
             return ("delay", f"app {key}: batch delay of {allocation.batch_delay_seconds:g}s"), []
-    in_flight = sum(1 for p in app.pods if p.in_flight)
+    in_flight = app.counts.in_flight
     in_namespace, total = budgets.namespace(key.namespace), budgets.cluster()
     rooms = {
         "app": (

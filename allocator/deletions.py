@@ -15,7 +15,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -222,9 +222,14 @@ class HistoryStore:
             if not uids:
                 del self._recorded[app]
 
-    def deleted_exec_ids(self) -> dict[AppKey, frozenset[int]]:
+    def deleted_exec_ids(self, apps: Iterable[AppKey]) -> dict[AppKey, frozenset[int]]:
+        """The executor ids deleted before, of `apps` (the ones a decision is about: never every app's)."""
         with self._lock:
-            return {k: frozenset(h.exec_ids) for k, h in self._histories.items() if h.exec_ids}
+            return {
+                k: frozenset(h.exec_ids)
+                for k in apps
+                if (h := self._histories.get(k)) is not None and h.exec_ids
+            }
 
     def finished(self, app: AppKey, at: float) -> None:
         with self._lock:

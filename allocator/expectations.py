@@ -15,12 +15,25 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import replace
+from collections import ChainMap, Counter
+from collections.abc import Callable, Iterable, MutableMapping
+from dataclasses import dataclass, replace
+from typing import cast
 
-from .model import PodRecord, Snapshot
+from sparkgate.contract import AppKey
+
+from .model import AppView, PodRecord, Snapshot
 
 EXPIRY = 60.0  # seconds a write may stay unreported by the watch before the cache is trusted again
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The writes not seen by the watch yet, at one moment: uids released, uids deleted, and their apps."""
+
+    released: set[str]
+    deleted: set[str]
+    apps: set[AppKey]
 
 
 class Expectations:
@@ -28,21 +41,27 @@ class Expectations:
         self.expiry = expiry
         self.monotonic = monotonic
         self._lock = threading.Lock()
-        self._released: dict[str, float] = {}  # uid -> when the gate removal was dispatched
-        self._deleted: dict[str, float] = {}  # uid -> when the delete succeeded
+        # uid -> (its app, when the write was made), oldest first: expiry pops from the front, and `apply`
+        # visits only the apps named here, so a step costs per unseen write, not per pod of the cluster.
+        self._released: dict[str, tuple[AppKey, float]] = {}  # gate removals dispatched
+        self._deleted: dict[str, tuple[AppKey, float]] = {}  # deletes that succeeded
         # The loop thread's own (apply): uid -> (the cache's record, what is expected of it, its expected
         # copy), so that a step while thousands of removals are unseen does not copy each record again
         # (bench/gates.py: 42 % of the allocator's time went to those copies).
         self._copies: dict[str, tuple[PodRecord, tuple[bool, bool], PodRecord]] = {}
 
-    def released(self, uids: Iterable[str]) -> None:
+    def released(self, pods: Iterable[tuple[AppKey, str]]) -> None:
+        """Gate removals dispatched: (app, uid) each."""
         now = self.monotonic()
         with self._lock:
-            self._released.update((uid, now) for uid in uids)
+            for app, uid in pods:
+                self._released.pop(uid, None)
+                self._released[uid] = (app, now)
 
-    def deleted(self, uid: str) -> None:
+    def deleted(self, app: AppKey, uid: str) -> None:
         with self._lock:
-            self._deleted[uid] = self.monotonic()
+            self._deleted.pop(uid, None)
+            self._deleted[uid] = (app, self.monotonic())
 
     def failed(self, uids: Iterable[str]) -> None:
         """Gate removals that did not happen: the pods are gated, not in flight."""
@@ -60,25 +79,48 @@ class Expectations:
             if new is None or new.deleting:
                 self._deleted.pop(record.uid, None)
 
-    def apply(self, snapshot: Snapshot) -> Snapshot:
-        """The snapshot with the expected changes made, after dropping the expired expectations."""
+    def pending(self) -> Pending:
+        """The writes not seen yet, after dropping the expired ones. Take them *before* the cache's snapshot
+        they are applied to: a watch event handled in between drops its expectation, and a snapshot taken
+        before it would then show the pod as it was, with nothing to correct it (the pod released again).
+        One taken before may name a write the snapshot already shows: applying it changes nothing."""
         now = self.monotonic()
         with self._lock:
             for table in (self._released, self._deleted):
-                for uid in [u for u, at in table.items() if now - at > self.expiry]:
+                while table:
+                    uid, (_, at) = next(iter(table.items()))
+                    if now - at <= self.expiry:
+                        break
                     del table[uid]
-            released, deleted = set(self._released), set(self._deleted)
+            return Pending(
+                set(self._released),
+                set(self._deleted),
+                {app for app, _ in self._released.values()} | {app for app, _ in self._deleted.values()},
+            )
+
+    def apply(self, snapshot: Snapshot, pending: Pending) -> Snapshot:
+        """The snapshot with the expected changes made (`pending` taken before it)."""
+        released, deleted = pending.released, pending.deleted
         if len(self._copies) > len(released) + len(deleted):
             self._copies = {u: c for u, c in self._copies.items() if u in released or u in deleted}
-        if not released and not deleted:
+        if not pending.apps:
             return snapshot
-        apps = dict(snapshot.apps)
-        for key, view in snapshot.apps.items():
-            if any(
+        changed: dict[AppKey, AppView] = {}
+        in_flight = Counter(snapshot.in_flight_by_namespace())
+        for key in pending.apps:
+            view = snapshot.apps.get(key)
+            if view is None or not any(
                 (p.gated and p.uid in released) or (not p.deleting and p.uid in deleted) for p in view.pods
             ):
-                apps[key] = replace(view, pods=tuple(self._expected(p, released, deleted) for p in view.pods))
-        return Snapshot(apps, snapshot.sources)
+                continue
+            expected = changed[key] = replace(
+                view, pods=tuple(self._expected(p, released, deleted) for p in view.pods)
+            )
+            in_flight[key.namespace] += expected.counts.in_flight - view.counts.in_flight
+        # The changed views over the snapshot's, no copy of every app's (a ChainMap writes only to its first
+        # map: the snapshot's is never written).
+        views = ChainMap(changed, cast("MutableMapping[AppKey, AppView]", snapshot.apps))
+        return Snapshot(views, snapshot.sources, in_flight)
 
     def _expected(self, pod: PodRecord, released: set[str], deleted: set[str]) -> PodRecord:
         change = (pod.gated and pod.uid in released, not pod.deleting and pod.uid in deleted)

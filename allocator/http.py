@@ -18,7 +18,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from sparkgate.contract import AppKey
 
@@ -91,7 +91,7 @@ class StatusServer:
                 b"ok\n" if ready else b"a watch not current, histories not loaded, or no policy\n",
             )
         elif path == "/metrics":
-            _send(request, 200, CONTENT_TYPE_LATEST, generate_latest(c.metrics.registry))
+            _send(request, 200, CONTENT_TYPE_LATEST, c.metrics.exposition())
         elif path == "/apps":
             apps = c.apps()
             for app in apps["apps"]:

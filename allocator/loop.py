@@ -2,7 +2,11 @@
 
 Every watch event names the apps it touched and adds them to the work queue; the loop takes them at once
 (a freed slot is refilled within milliseconds), again for an app when its batch delay ends (requeue-after),
-and, every `tick`, every app (the rest of the time-based conditions). The actor carries out each app's
+and, every `tick`, every app that has gated pods (the rest of the time-based conditions). A step's work is
+per app taken (at most `step_apps` of them), whatever the cluster's size: the snapshot, the expectations and
+the budgets are kept up to date per changed app, and the gauges are computed when Prometheus scrapes
+(status.py `AppsCollector`), not per step. The tick also does what is per cluster: the registry's look at
+every app (the client-mode grace), dropping what is kept of apps that are gone. The actor carries out each app's
 actions while the loop goes on deciding the others. Only the leader acts and records deletions; followers
 keep their cache warm so a hand-over is immediate, and work out the settings in force (for /apps) without
 acting or remembering; a replica that becomes the leader reads the histories again first. A leader that
@@ -14,16 +18,17 @@ Threading model (the parts are assembled in allocator/commands.py):
 - reflector threads (one per watch) write the Cache (its lock) and, after releasing it, call the
   Controller's `on_gone` (its `_gone_lock`), the pod observers (Expectations, BindTimes: their own locks)
   and `on_change`, which adds apps to the WorkQueue (its lock);
-- the loop thread (this module's `run`) is the only one that decides: it owns `memory`, `settings`, the
-  registry and the in-flight counter, and publishes `memory`, `settings` and `ended` (the registry's ended
-  apps, read by actor and HTTP threads) by replacing the dicts, never mutating a published one; it reads the Cache, Expectations and HistoryStore, writes the HistoryStore and
-  flushes it (API calls, no lock held);
+- the loop thread (this module's `run`) is the only one that decides: it owns `memory`, `settings` and the
+  registry; it changes `memory` and `settings` under `_published` (HTTP threads copy them under it) and
+  publishes `ended` (the registry's ended apps, read by actor and HTTP threads) by replacing the dict; it
+  reads the Cache, Expectations and HistoryStore, writes the HistoryStore and flushes it (API calls, no
+  lock held);
 - actor threads carry out one app's actions each and, when done, report to Expectations, BindTimes, the
   HistoryStore and the WorkQueue (`done`);
 - the leader thread renews the Lease and sets `lost_lease`; leader tasks (certificate rotation, ...) run
   in threads of their own;
-- HTTP threads only read: Cache snapshots, the published dicts, HistoryStore views, WorkQueue backoffs,
-  Health.
+- HTTP threads only read (`/apps`, and `/metrics` through the collector): Cache snapshots, copies of
+  the published dicts, HistoryStore views, WorkQueue backoffs, Health.
 Every lock is a leaf: no code holds one lock while taking another or calling out, so there is no lock
 order to respect (Cache._lock included).
 """
@@ -34,6 +39,7 @@ import functools
 import logging
 import threading
 import time
+from collections import ChainMap, Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -43,18 +49,19 @@ from sparkgate import contract
 from sparkgate.contract import AppKey
 from sparkgate.kube import Reflector
 from sparkgate.leader import LeaderElector
+from sparkgate.policy import Policy
 from sparkgate.policy_file import PolicySource
 
 from .actor import Actor, AppResult
 from .cache import Cache
-from .decision import AppSettings, InFlightCounts, decide, rebuilt_memory
+from .decision import AppSettings, decide, rebuilt_memory
 from .deletions import EXECUTOR_IDS, HistoryStore, classify
 from .expectations import BindTimes, Expectations
 from .health import Health
 from .metrics import AllocatorMetrics
 from .model import Action, AppMemory, AppView, DeletePod, PodRecord, Release, Snapshot
 from .registry import AppRegistry
-from .status import app_document, apps_document, observe_apps, observe_pacing
+from .status import AppsCollector, Status, app_document, apps_document
 from .workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -66,6 +73,7 @@ class Options:
     identity: str = contract.ALLOCATOR_SERVICE_ACCOUNT
     lease_name: str = contract.ALLOCATOR_LEASE
     tick: float = 1.0
+    step_apps: int = 128  # apps decided at most per step: a tick's or a burst's apps take several steps
     history_flush: float = 2.0
     history_retention: float = 3600.0
     client_grace: float = 300.0  # a client-mode app with no sign of life this long is over (registry.py)
@@ -118,14 +126,19 @@ class Controller:
         self._gone_lock = threading.Lock()
         self._gone: list[tuple[PodRecord, bool, float]] = []
         # Owned by the loop thread; published by replacing the dicts (HTTP threads read them).
+        self._published = threading.Lock()  # memory and settings: changed by the loop, copied by readers
         self.memory: dict[AppKey, AppMemory] = {}
         self.settings: dict[AppKey, AppSettings] = {}
-        self._in_flight = InFlightCounts()
-        self._missing_sources: set[str] = set()
         # Owned by the loop thread. `ended` is the registry's, published (replaced, never mutated) for HTTP.
         self.registry = AppRegistry(options.client_grace)
         self.ended: dict[AppKey, float] = {}
+        self._ended_version = self.registry.version
+        # Owned by the loop thread: the apps held by a shared budget ({app: "namespace" | "cluster"}, from the
+        # last decision's settings) and the in-flight sums of the last step, to wake them when room frees.
+        self._waiting: dict[AppKey, str] = {}
+        self._last_in_flight: Counter[str] = Counter()
         self._histories_current = False  # the histories were read from the cluster since this replica leads
+        metrics.tracked = AppsCollector(self.status).exposition
 
     # --- inputs (reflector and actor threads) -----------------------------------------------------------
 
@@ -145,7 +158,7 @@ class Controller:
 
     def on_delete(self, action: DeletePod) -> None:
         # Recorded with the decision's reason (id reuse, app finished) before the watch reports it.
-        self.expectations.deleted(action.pod.uid)
+        self.expectations.deleted(action.app, action.pod.uid)
         record = classify(action.pod, self.clock(), app_finishing=True)
         entry = type(record)(
             record.exec_id, record.pod, record.node, record.at, action.reason, record.exit_code, record.detail
@@ -209,8 +222,8 @@ class Controller:
                 continue
             if now >= next_tick:
                 next_tick = now + self.options.tick
-                self.queue.add(self.cache.snapshot().apps)
-            keys = self.queue.get(max(0.0, min(next_tick, next_flush) - now))
+                self.tick()
+            keys = self.queue.get(max(0.0, min(next_tick, next_flush) - now), limit=self.options.step_apps)
             if self.lost_lease.is_set():
                 return
             self.step(keys)
@@ -222,32 +235,88 @@ class Controller:
     def step(self, keys: set[AppKey]) -> None:
         """Decide for `keys` (taken from the queue: each is done here or when its actions are)."""
         self.metrics.ready.set(1 if self.cache.is_synced and all(r.synced for r in self.reflectors) else 0)
+        pending = self.expectations.pending()  # before the snapshot (Expectations.pending says why)
+        observed = self._snapshot()
+        leading = self.elector.leading
+        self._observe(observed, keys)
+        policy = self.policy.current()
+        if not leading:
+            self._histories_current = False
+        if policy is None or not keys or (leading and not self._read_histories(observed)):
+            for key in keys:
+                self.queue.done(key)
+            return
+        if not leading:
+            self._settle(keys, policy, observed)
+            return
+        expected = self.expectations.apply(observed, pending)
+        self._wake(expected, policy)
+        self._decide(keys, policy, expected)
+
+    def _wake(self, snapshot: Snapshot, policy: Policy) -> None:
+        """Queue the apps held by a namespace or the cluster budget when pods of other apps left flight
+        since the last step (bound, started or deleted) and that budget has room now: the oldest waiting
+        first, as many as there is room for. Without this they would wait for the tick."""
+        now_in_flight = snapshot.in_flight_by_namespace()
+        last, self._last_in_flight = self._last_in_flight, Counter(now_in_flight)  # + this step's releases
+        if not self._waiting:
+            return
+        total, last_total = sum(now_in_flight.values()), sum(last.values())
+        room = policy.max_pending_cluster - total
+        if room <= 0:
+            return
+        woken = [
+            key
+            for key, scope in self._waiting.items()
+            if (scope == "cluster" and total < last_total)
+            or (
+                scope == "namespace"
+                and now_in_flight.get(key.namespace, 0) < last.get(key.namespace, 0)
+                and now_in_flight.get(key.namespace, 0) < policy.max_pending_per_namespace
+            )
+        ]
+        if woken:
+            memory = self.memory
+            woken.sort(key=lambda k: (m.waiting_since or 0.0) if (m := memory.get(k)) else 0.0)
+            self.queue.add(woken[:room])
+
+    def tick(self) -> None:
+        """Every `tick`: what is per cluster. The registry looks at every app (the client-mode grace ends
+        apps that show no change); every app with gated pods is queued (a budget another app freed, the
+        time-based conditions); what is kept of apps that are gone goes."""
+        observed = self._snapshot()
+        self._observe(observed, None)
+        live = observed.apps.keys() - self.ended.keys()
+        self.queue.forget(set(observed.apps))
+        self.metrics.forget_namespaces({key.namespace for key in live})
+        for key in self._waiting.keys() - live:
+            del self._waiting[key]
+        if len(self.memory) > len(live) or len(self.settings) > len(live):
+            with self._published:
+                for table in (self.memory, self.settings):
+                    for key in table.keys() - live:
+                        del table[key]
+        self.queue.add(key for key, view in observed.apps.items() if view.counts.gated)
+
+    def _snapshot(self) -> Snapshot:
+        """The cache's snapshot, the pods gone until then recorded first (the leader's: a follower keeps no
+        history of its own, it reads the leader's when it takes over), while the registry still says
+        whether their app is over."""
         with self._gone_lock:
             gone, self._gone = self._gone, []
         observed = self.cache.snapshot()
-        leading = self.elector.leading
-        if leading:  # a follower keeps no history of its own: it reads the leader's when it takes over
+        if self.elector.leading:
             self._record_gone(gone, observed)
+        return observed
+
+    def _observe(self, observed: Snapshot, keys: set[AppKey] | None) -> None:
+        """The registry's look at `keys` (None: every app); the apps it says are over are ended."""
         now = self.clock()
-        for key in self.registry.observe(observed, now):
+        for key in self.registry.observe(observed, now, keys):
             view = observed.apps.get(key)
             self.end(key, now, client=view is None or not view.driver_seen)
-        if self.ended != self.registry.ended:
-            self.ended = dict(self.registry.ended)
-        policy = self.policy.current()
-        try:
-            if not leading:
-                self._histories_current = False
-            if policy is None or not keys or (leading and not self._read_histories(observed)):
-                for key in keys:
-                    self.queue.done(key)
-                return
-            if not leading:
-                self._settle(keys, policy, observed)
-                return
-            self._decide(keys, policy, self.expectations.apply(observed))
-        finally:
-            self._observe(observed, policy)
+        if self._ended_version != self.registry.version:
+            self.ended, self._ended_version = dict(self.registry.ended), self.registry.version
 
     def end(self, key: AppKey, at: float, *, client: bool) -> None:
         """The end of an app's life (registry.py says when): everything sparkgate keeps of it goes. Its
@@ -259,9 +328,10 @@ class Controller:
         self.metrics.apps_ended.labels("client" if client else "cluster").inc()
         if self.elector.leading:
             self.histories.finished(key, at)
-        self.memory = {k: m for k, m in self.memory.items() if k != key}
-        self.settings = {k: s for k, s in self.settings.items() if k != key}
-        self.metrics.forget_app(key)
+        with self._published:
+            self.memory.pop(key, None)
+            self.settings.pop(key, None)
+        self._waiting.pop(key, None)
         self.queue.add({key})
 
     def _read_histories(self, snapshot: Snapshot) -> bool:
@@ -280,10 +350,9 @@ class Controller:
     def _settle(self, keys: set[AppKey], policy: Any, snapshot: Snapshot) -> None:
         """A follower's decision: the settings in force (for /apps and `sparkgate status`), from memory
         rebuilt from the cluster; nothing is done or remembered."""
-        decision = decide(
-            snapshot, policy, self.clock(), {}, keys - self.registry.ended.keys(), in_flight=self._in_flight
-        )
-        self.settings = {**self.settings, **decision.settings}
+        decision = decide(snapshot, policy, self.clock(), {}, keys - self.registry.ended.keys())
+        with self._published:
+            self.settings.update(decision.settings)
         for key in keys:
             self.queue.done(key)
 
@@ -296,10 +365,9 @@ class Controller:
             snapshot,
             policy,
             decided_at,
-            {**memory, **fresh} if fresh else memory,
+            ChainMap(fresh, memory) if fresh else memory,
             keys,
-            deleted_exec_ids=self.histories.deleted_exec_ids(),
-            in_flight=self._in_flight,
+            deleted_exec_ids=self.histories.deleted_exec_ids(keys),
             ended=self.registry.ended.keys(),
         )
         self.metrics.decision_seconds.observe(time.perf_counter() - started)
@@ -309,8 +377,14 @@ class Controller:
         for key, at in decision.due.items():
             self.queue.add_after(key, at - decided_at)
         ended = self.registry.ended
-        self.memory = {**self.memory, **{k: m for k, m in decision.memory.items() if k not in ended}}
-        self.settings = {**self.settings, **decision.settings}
+        with self._published:
+            self.memory.update((k, m) for k, m in decision.memory.items() if k not in ended)
+            self.settings.update(decision.settings)
+        for key, settings in decision.settings.items():
+            if settings.waiting_on in ("namespace", "cluster"):
+                self._waiting[key] = settings.waiting_on
+            else:
+                self._waiting.pop(key, None)
         for scope, n in decision.limit_hits.items():
             self.metrics.limit_hits.labels(scope).inc(n)
         acting = {a.app for a in decision.actions}
@@ -332,7 +406,9 @@ class Controller:
         for action in actions:
             if isinstance(action, Release):
                 releases.setdefault(action.app, []).append(action.pod.uid)
-        self.expectations.released(uid for uids in releases.values() for uid in uids)
+        self.expectations.released((app, uid) for app, uids in releases.items() for uid in uids)
+        for app, uids in releases.items():
+            self._last_in_flight[app.namespace] += len(uids)
         for app, done in self.actor.submit(actions).items():
             done.add_done_callback(functools.partial(self._done, app, releases.get(app, [])))
 
@@ -359,31 +435,6 @@ class Controller:
                 self.metrics.namespaces.add(record.namespace)
                 self.metrics.deletions.labels(record.namespace, entry.reason.value).inc()
 
-    def _observe(self, observed: Snapshot, policy: Any) -> None:
-        snapshot = self._visible(observed)
-        observe_apps(self.metrics, snapshot)
-        observe_pacing(self.metrics, self.memory, set(snapshot.apps))
-        self.metrics.limit.labels("namespace").set(policy.max_pending_per_namespace if policy else 0)
-        self.metrics.limit.labels("cluster").set(policy.max_pending_cluster if policy else 0)
-        live = set(snapshot.apps)
-        self.queue.forget(set(observed.apps))
-        backoff = self.queue.failures()
-        self.metrics.apps_backing_off.set(sum(1 for _, left in backoff.values() if left > 0))
-        self.metrics.history_unsaved.set(self.histories.unsaved())
-        self.metrics.histories.set(self.histories.count())
-        missing: dict[str, int] = {}
-        for key, settings in self.settings.items():
-            if settings.missing_source is not None and key in live:
-                missing[settings.missing_source] = missing.get(settings.missing_source, 0) + 1
-        for source in self._missing_sources - missing.keys():
-            self.metrics.missing_sources.remove(source)
-        for source, n in missing.items():
-            self.metrics.missing_sources.labels(source).set(n)
-        self._missing_sources = set(missing)
-        if len(self.memory) > len(live) or len(self.settings) > len(live):
-            self.memory = {k: m for k, m in self.memory.items() if k in live}
-            self.settings = {k: s for k, s in self.settings.items() if k in live}
-
     def _visible(self, snapshot: Snapshot) -> Snapshot:
         """The apps that are not over (what /apps and the metrics show)."""
         ended = self.ended
@@ -393,17 +444,29 @@ class Controller:
 
     # --- status (HTTP threads) ---------------------------------------------------------------------------
 
-    def apps(self) -> dict[str, Any]:
+    def status(self) -> Status:
+        """What /apps and the gauges show, taken at once: the apps that are not over, and copies of the
+        loop's settings and memory."""
         policy = self.policy.current()
-        limits = (
+        with self._published:
+            settings, memory = dict(self.settings), dict(self.memory)
+        return Status(
+            self._visible(self.cache.snapshot()),
+            settings,
+            memory,
             {"cluster": policy.max_pending_cluster, "namespace": policy.max_pending_per_namespace}
             if policy
-            else {}
+            else {},
+            self.queue.failures(),
+            self.histories.unsaved(),
+            self.histories.count(),
         )
-        snapshot = self._visible(self.cache.snapshot())
-        histories = {k: h for k in snapshot.apps if (h := self.histories.view(k)) is not None}
+
+    def apps(self) -> dict[str, Any]:
+        status = self.status()
+        histories = {k: h for k in status.snapshot.apps if (h := self.histories.view(k)) is not None}
         document = apps_document(
-            snapshot, self.settings, self.memory, histories, limits, self.queue.failures()
+            status.snapshot, status.settings, status.memory, histories, status.limits, status.backoff
         )
         document["leader"] = self.elector.leading
         document["identity"] = self.options.identity
@@ -419,6 +482,6 @@ class Controller:
             return app_document(
                 AppView(key, (), None, True, frozenset()), None, AppMemory(finished=True), history
             )
-        return app_document(
-            view, self.settings.get(key), self.memory.get(key), history, self.queue.failures().get(key)
-        )
+        with self._published:
+            settings, memory = self.settings.get(key), self.memory.get(key)
+        return app_document(view, settings, memory, history, self.queue.failures().get(key))

@@ -1,21 +1,23 @@
 """The allocator's Prometheus metrics (one process, its own registry, served on its /metrics).
 
-Per-app series (executors by state) are removed when the app ends, and every per-namespace series when its
-namespace has no app left, so a long-running cluster does not accumulate dead series. Written by the loop
-thread (gauges, pruning) and the actor threads (counters of releases and deletions); prometheus_client
-locks each metric.
+The gauges of what the allocator tracks (per app, per namespace, limits, histories) are not here: they are
+computed at each scrape from the loop's state (status.py `AppsCollector`, registered by the Controller), so
+an app that is over has no series. The per-namespace counters and histograms here are removed when their
+namespace has no app left (the loop's tick), so a long-running cluster does not accumulate dead series.
+Written by the loop thread (pruning) and the actor threads (counters of releases and deletions);
+prometheus_client locks each metric.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
-from sparkgate.contract import AppKey
-
-from .model import AppView, DeletionReason
-from .pacing import Reason, Window
+from .model import DeletionReason
 
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 EXTENDER_BUCKETS = (
@@ -39,24 +41,6 @@ FAST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
 class AllocatorMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.executors = Gauge(
-            "sparkgate_allocator_executors",
-            "Executor pods by app and state (gated, in_flight, running, other).",
-            ["namespace", "app", "state"],
-            registry=r,
-        )
-        self.in_flight = Gauge(
-            "sparkgate_allocator_in_flight",
-            "Executor pods in flight by namespace.",
-            ["namespace"],
-            registry=r,
-        )
-        self.limit = Gauge(
-            "sparkgate_allocator_limit",
-            "Limits in force by scope (namespace and cluster budgets).",
-            ["scope"],
-            registry=r,
-        )
         self.releases = Counter(
             "sparkgate_allocator_releases",
             "Executor pods released to the scheduler.",
@@ -96,18 +80,6 @@ class AllocatorMetrics:
             ["namespace", "reason"],
             registry=r,
         )
-        self.bypassed = Gauge(
-            "sparkgate_allocator_bypassed_pods",
-            "Live executor pods admitted without sparkgate.",
-            ["namespace"],
-            registry=r,
-        )
-        self.missing_sources = Gauge(
-            "sparkgate_allocator_source_configmap_missing",
-            "Apps held because a profile's source ConfigMap is missing.",
-            ["source"],
-            registry=r,
-        )
         self.api_requests = Counter(
             "sparkgate_allocator_api_requests",
             "Kubernetes API requests by verb, resource and HTTP code (0: no answer).",
@@ -137,7 +109,6 @@ class AllocatorMetrics:
             buckets=FAST_BUCKETS,
             registry=r,
         )
-        self.apps = Gauge("sparkgate_allocator_apps", "Applications tracked.", registry=r)
         self.policy_reloads = Counter(
             "sparkgate_allocator_policy_reloads", "Policy file loads by result.", ["result"], registry=r
         )
@@ -163,11 +134,6 @@ class AllocatorMetrics:
             ["namespace"],
             registry=r,
         )
-        self.apps_backing_off = Gauge(
-            "sparkgate_allocator_apps_backing_off",
-            "Apps held by their backoff after failed writes.",
-            registry=r,
-        )
         self.history_corrupt = Counter(
             "sparkgate_allocator_history_corrupt",
             "Deletion history ConfigMaps that did not parse (set aside and replaced).",
@@ -189,17 +155,6 @@ class AllocatorMetrics:
             "Applications whose life ended, by mode (cluster: driver finished or gone; client: no sign of "
             "life for --client-app-grace).",
             ["mode"],
-            registry=r,
-        )
-        self.histories = Gauge(
-            "sparkgate_allocator_histories",
-            "Deletion histories held (one ConfigMap each once written); a finished app's expires after "
-            "--history-retention.",
-            registry=r,
-        )
-        self.history_unsaved = Gauge(
-            "sparkgate_allocator_history_unsaved",
-            "Apps whose deletion history has changes not yet written.",
             registry=r,
         )
         self.task_runs = Counter(
@@ -255,26 +210,11 @@ class AllocatorMetrics:
         for scope in ("app", "node"):
             for reason in ("oom_killed", "evicted", "exit_code", "rejected"):
                 self.extender_excluded.labels(scope, reason)
-        self.app_series: set[AppKey] = set()  # apps with executors series
-        # Loop thread: what observe_apps (status.py) last wrote per app: (view, counts, bypassed pods).
-        self.observed: dict[AppKey, tuple[AppView, dict[str, int], int]] = {}
         # Namespaces that may have per-namespace series (added where a series is written; pruned by the loop).
         self.namespaces: set[str] = set()
-        # Adaptive pacing (allocator/pacing.py), per app, set by the leader from its decisions' memory.
-        self.pacing_window = Gauge(
-            "sparkgate_allocator_pacing_window",
-            "Pods an app may have released and not yet answered by the scheduler (its pacing window).",
-            ["namespace", "app"],
-            registry=r,
-        )
-        self.pacing_state = Gauge(
-            "sparkgate_allocator_pacing_state",
-            "1 for the reason an app's window is what it is (slow-start, ceiling, unschedulable, slow-bind, "
-            "fixed), 0 for the others.",
-            ["namespace", "app", "reason"],
-            registry=r,
-        )
-        self._pacing_series: set[AppKey] = set()
+        # The gauges of what is tracked, written at each scrape (status.py `AppsCollector.exposition`, set
+        # by the Controller): after the registry's metrics in /metrics.
+        self.tracked: Callable[[], bytes] | None = None
         # Series whose label values are known in advance exist from the start at 0: increase() and rate()
         # cannot see a counter's first increments when its series appears with them.
         for scope in ("app", "namespace", "cluster"):
@@ -286,30 +226,28 @@ class AllocatorMetrics:
         for mode in ("cluster", "client"):
             self.apps_ended.labels(mode)
 
-    def set_app(self, key: AppKey, counts: dict[str, int]) -> None:
-        for state, n in counts.items():
-            self.executors.labels(key.namespace, key.app_id, state).set(n)
-        self.app_series.add(key)
+    def exposition(self) -> bytes:
+        """The body of /metrics (text format 0.0.4)."""
+        body = generate_latest(self.registry)
+        return body if self.tracked is None else body + self.tracked()
 
-    def forget_app(self, key: AppKey) -> None:
-        """Remove every series of one app."""
-        self.observed.pop(key, None)
-        for state in ("gated", "in_flight", "running", "other"):
-            with contextlib.suppress(KeyError):
-                self.executors.remove(key.namespace, key.app_id, state)
-        self.app_series.discard(key)
+    def families(self) -> Iterator[Metric]:
+        """Every metric of /metrics, read back from its text: what Prometheus sees."""
+        yield from text_string_to_metric_families(self.exposition().decode())
 
-    def forget_apps(self, live: set[AppKey]) -> None:
-        for key in self.app_series - live:
-            self.forget_app(key)
+    def sample(self, name: str, labels: dict[str, str] | None = None) -> float | None:
+        """One sample's value as Prometheus would read it (None: no such series)."""
+        for family in self.families():
+            for s in family.samples:
+                if s.name == name and s.labels == (labels or {}):
+                    return s.value
+        return None
 
     def forget_namespaces(self, live: set[str]) -> None:
         """Remove every per-namespace series of the namespaces with no app left (their counters start again
         from zero if an app comes back: Prometheus's rate() and increase() take that as a reset)."""
         for namespace in self.namespaces - live:
             for metric in (
-                self.in_flight,
-                self.bypassed,
                 self.releases,
                 self.gate_wait,
                 self.release_to_bind,
@@ -321,21 +259,6 @@ class AllocatorMetrics:
                 with contextlib.suppress(KeyError):
                     self.deletions.remove(namespace, reason.value)
         self.namespaces &= live
-
-    def set_pacing(self, key: AppKey, window: Window) -> None:
-        self.pacing_window.labels(key.namespace, key.app_id).set(window.size)
-        for reason in Reason:
-            self.pacing_state.labels(key.namespace, key.app_id, reason.value).set(reason is window.reason)
-        self._pacing_series.add(key)
-
-    def forget_pacing(self, live: set[AppKey]) -> None:
-        for key in self._pacing_series - live:
-            with contextlib.suppress(KeyError):
-                self.pacing_window.remove(key.namespace, key.app_id)
-            for reason in Reason:
-                with contextlib.suppress(KeyError):
-                    self.pacing_state.remove(key.namespace, key.app_id, reason.value)
-        self._pacing_series &= live
 
     def on_reload(self, result: str, error: str | None) -> None:
         self.policy_reloads.labels(result).inc()

@@ -7,8 +7,9 @@ records compact (no whole pod objects) is what lets one allocator track tens of 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from sparkgate.contract import NO_PROFILE, AppKey
@@ -80,14 +81,65 @@ class DriverRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class Counts:
+    """An app's executor pods by state, the one definition every reader uses (the decision's budgets, the
+    registry's signs of life, /apps, the metrics): each pod is in exactly one of gated, in_flight, running
+    and other (being deleted, or terminated); bypassed and failed count across them."""
+
+    gated: int = 0
+    in_flight: int = 0
+    running: int = 0
+    other: int = 0
+    bypassed: int = 0
+    failed: int = 0
+
+    @staticmethod
+    def of(pods: tuple[PodRecord, ...]) -> Counts:
+        gated = in_flight = running = other = bypassed = failed = 0
+        for pod in pods:
+            if pod.deleting:
+                other += 1
+            elif pod.gated:
+                gated += 1
+            elif pod.in_flight:
+                in_flight += 1
+            elif pod.phase == "Running":
+                running += 1
+            else:
+                other += 1
+            bypassed += pod.bypassed
+            failed += pod.phase == "Failed"
+        return Counts(gated, in_flight, running, other, bypassed, failed)
+
+    @property
+    def alive(self) -> bool:
+        """A released pod is live (Pending or Running, not being deleted): a sign of life (registry.py)."""
+        return self.in_flight + self.running > 0
+
+    def by_state(self) -> dict[str, int]:
+        """The states of the executors metric and of /apps."""
+        return {
+            "gated": self.gated,
+            "in_flight": self.in_flight,
+            "running": self.running,
+            "other": self.other,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class AppView:
-    """Everything the cache knows about one application at one moment."""
+    """Everything the cache knows about one application at one moment. Immutable: the cache hands out the
+    same object until the app changes, and its counts are taken once, when it is made."""
 
     key: AppKey
     pods: tuple[PodRecord, ...]  # executor pods, in the order the cache saw them (sort by executor_order)
     driver: DriverRecord | None  # None when the app has no driver pod (client mode) or it is gone
     driver_seen: bool  # a driver pod was seen at some point (so None means "gone", not "none")
     config_maps: frozenset[str]  # names of sparkgate's config map copies that exist for this app
+    counts: Counts = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "counts", Counts.of(self.pods))
 
     @property
     def profile(self) -> str | None:
@@ -120,6 +172,17 @@ def executor_order(pod: PodRecord) -> tuple[int, int, str]:
 class Snapshot:
     apps: Mapping[AppKey, AppView]
     sources: frozenset[str]  # source ConfigMaps that exist in the install namespace
+    # Pods in flight per namespace, the sum of the apps' counts: kept up to date by whoever makes the
+    # snapshot (the cache, the expectations) at the cost of the apps that changed; None: summed when asked.
+    in_flight: Mapping[str, int] | None = None
+
+    def in_flight_by_namespace(self) -> Mapping[str, int]:
+        if self.in_flight is not None:
+            return self.in_flight
+        per_namespace: Counter[str] = Counter()
+        for key, view in self.apps.items():
+            per_namespace[key.namespace] += view.counts.in_flight
+        return per_namespace
 
 
 class DeletionReason(StrEnum):

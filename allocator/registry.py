@@ -11,9 +11,9 @@
 An app that is over is `ended` until the cache no longer holds anything of it (its terminated pods may stay in
 the cluster until the pod garbage collector takes them). An app of which the cluster holds nothing any more
 (a client-mode app that stopped cleanly: Spark deleted its executors and the copies) is over once the grace
-has passed since its last sign of life. The loop (Controller.step) calls `observe` once per
-step and, for each app it returns, `Controller.end` once: that removes everything sparkgate keeps of the app.
-An ended client-mode app in which a newer pod appears lives again.
+has passed since its last sign of life. The loop calls `observe` for the apps of each step and for every app at each tick
+(Controller.step) and, for each app it returns, `Controller.end` once: that removes everything sparkgate
+keeps of the app. An ended client-mode app in which a newer pod appears lives again.
 
 Owned by the loop thread: not thread-safe; other threads read `ended` only through the copy the loop
 publishes (`Controller.ended`, replaced, never mutated), never this object.
@@ -21,6 +21,7 @@ publishes (`Controller.ended`, replaced, never mutated), never this object.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sparkgate.contract import AppKey
@@ -36,10 +37,6 @@ class _Life:
     alive: bool  # the view has a released live pod
 
 
-def _alive(view: AppView) -> bool:
-    return any(not p.gated and not p.deleting and p.phase in ("Pending", "Running") for p in view.pods)
-
-
 def _newest(view: AppView) -> float:
     return max((p.created for p in view.pods), default=0.0)
 
@@ -49,20 +46,30 @@ class AppRegistry:
         self.client_grace = client_grace
         self._lives: dict[AppKey, _Life] = {}
         self.ended: dict[AppKey, float] = {}  # app -> when it ended; kept while the cache holds the app
+        self.version = 0  # changes with `ended` (so the loop republishes it only then)
 
-    def observe(self, snapshot: Snapshot, now: float) -> set[AppKey]:
-        """The apps whose life ended at this observation."""
+    def observe(self, snapshot: Snapshot, now: float, apps: Iterable[AppKey] | None = None) -> set[AppKey]:
+        """The apps whose life ended at this observation, of `apps` (those that changed: a step's) or, when
+        None, of every app the registry or the snapshot knows (the loop's tick: the client-mode grace is
+        measured there, so its end is seen within a tick)."""
         ended: set[AppKey] = set()
-        for key, view in snapshot.apps.items():
+        keys = snapshot.apps.keys() | self._lives.keys() if apps is None else apps
+        for key in keys:
+            view = snapshot.apps.get(key)
+            if view is None:
+                if key in self._lives:
+                    self._gone(key, now, ended)
+                continue
             life = self._lives.get(key)
             if life is None:
-                life = self._lives[key] = _Life(view, now, _newest(view), _alive(view))
+                life = self._lives[key] = _Life(view, now, _newest(view), view.counts.alive)
             elif life.view is not view:
                 newest = _newest(view)
                 if newest > life.newest_pod and key in self.ended and not view.finished:
                     del self.ended[key]  # a client-mode app that went on after all
+                    self.version += 1
                     life.last_alive = now
-                life.view, life.alive = view, _alive(view)
+                life.view, life.alive = view, view.counts.alive
                 if newest > life.newest_pod:
                     life.newest_pod, life.last_alive = newest, now
             if life.alive:
@@ -71,14 +78,17 @@ class AppRegistry:
                 continue
             if view.finished or (not view.driver_seen and now - life.last_alive >= self.client_grace):
                 self.ended[key] = now
+                self.version += 1
                 ended.add(key)
-        if len(self._lives) > len(snapshot.apps):
-            for key in self._lives.keys() - snapshot.apps.keys():
-                # Gone from the cluster: over if it was, or once the grace has passed (a client-mode app
-                # that stopped cleanly: Spark deleted its executors and copies; or scaled to no pod a while).
-                if key in self.ended:
-                    del self._lives[key], self.ended[key]
-                elif now - self._lives[key].last_alive >= self.client_grace:
-                    del self._lives[key]
-                    ended.add(key)
         return ended
+
+    def _gone(self, key: AppKey, now: float, ended: set[AppKey]) -> None:
+        """The cluster holds nothing of the app any more: over if it was, or once the grace has passed (a
+        client-mode app that stopped cleanly: Spark deleted its executors and copies; or scaled to no pod a
+        while)."""
+        if key in self.ended:
+            del self._lives[key], self.ended[key]
+            self.version += 1
+        elif now - self._lives[key].last_alive >= self.client_grace:
+            del self._lives[key]
+            ended.add(key)

@@ -1,36 +1,38 @@
-"""The documents of the allocator's status API (`/apps`, `/apps/<namespace>/<app id>`) and the per-app and
-per-namespace gauges, built purely from the cache snapshot, the last decision's settings, the allocator's
-memory, the deletion histories and the apps' backoff: the same counts (model.py's rules: in flight,
-bypassed, finished) whichever of them you read."""
+"""The documents of the allocator's status API (`/apps`, `/apps/<namespace>/<app id>`) and the gauges of
+what it tracks (per app, per namespace, the limits, the histories), built purely from one `Status`: the
+cache snapshot, the last decision's settings, the allocator's memory, the deletion histories and the apps'
+backoff: the same counts (model.py's `Counts`) whichever of them you read."""
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from prometheus_client.utils import floatToGoString
 
 from sparkgate.contract import AppKey
 
 from .decision import AppSettings
 from .deletions import History
-from .metrics import AllocatorMetrics
 from .model import AppMemory, AppView, Snapshot
+from .pacing import Reason, Window
 
 
-def executor_counts(view: AppView) -> dict[str, int]:
-    counts = {"gated": 0, "in_flight": 0, "running": 0, "other": 0}
-    for pod in view.pods:
-        if pod.deleting:
-            counts["other"] += 1
-        elif pod.gated:
-            counts["gated"] += 1
-        elif pod.in_flight:
-            counts["in_flight"] += 1
-        elif pod.phase == "Running":
-            counts["running"] += 1
-        else:
-            counts["other"] += 1
-    return counts
+@dataclass(frozen=True)
+class Status:
+    """What the allocator shows of itself at one moment (Controller.status): taken at once by an HTTP
+    thread, for /apps or a scrape."""
+
+    snapshot: Snapshot  # the apps that are not over
+    settings: Mapping[AppKey, AppSettings]
+    memory: Mapping[AppKey, AppMemory]
+    limits: Mapping[str, int]  # "cluster", "namespace": the budgets in force (empty without a policy)
+    backoff: Mapping[AppKey, tuple[int, float]]  # apps with failed writes: (failures, seconds left)
+    history_unsaved: int
+    histories: int
 
 
 def namespace_counts(snapshot: Snapshot) -> tuple[Counter[str], Counter[str]]:
@@ -38,48 +40,178 @@ def namespace_counts(snapshot: Snapshot) -> tuple[Counter[str], Counter[str]]:
     in_flight: Counter[str] = Counter()
     bypassed: Counter[str] = Counter()
     for key, view in snapshot.apps.items():
-        for pod in view.pods:
-            in_flight[key.namespace] += pod.in_flight
-            bypassed[key.namespace] += pod.bypassed
+        in_flight[key.namespace] += view.counts.in_flight
+        bypassed[key.namespace] += view.counts.bypassed
     return in_flight, bypassed
 
 
-def observe_apps(metrics: AllocatorMetrics, snapshot: Snapshot) -> None:
-    """The per-app and per-namespace gauges of one step. The pods of an app are walked only when its view
-    changed since the last step (the cache hands out the same view object until then), and its series are
-    written only when its counts changed: a step costs per app, not per pod (bench/months.py)."""
-    last, current = metrics.observed, {}
-    in_flight: Counter[str] = Counter()
-    bypassed: Counter[str] = Counter()
-    for key, view in snapshot.apps.items():
-        known = last.get(key)
-        if known is None or known[0] is not view:
-            counts = executor_counts(view)
-            if known is None or known[1] != counts:
-                metrics.set_app(key, counts)
-            known = (view, counts, sum(p.bypassed for p in view.pods))
-        current[key] = known
-        in_flight[key.namespace] += known[1]["in_flight"]
-        bypassed[key.namespace] += known[2]
-    metrics.observed = current
-    if len(metrics.app_series) > len(current):
-        metrics.forget_apps(set(current))
-    live = {key.namespace for key in current}
-    metrics.forget_namespaces(live)
-    for namespace in live:
-        metrics.in_flight.labels(namespace).set(in_flight[namespace])
-        metrics.bypassed.labels(namespace).set(bypassed[namespace])
-    metrics.namespaces |= live
-    metrics.apps.set(len(current))
+class AppsCollector:
+    """The gauges of what the allocator tracks, computed when Prometheus scrapes (from `status()`), not
+    kept up to date per step: the loop's cost stays per app that changed, and an app that is over or gone
+    has no series without anything to remove.
+
+    At 5,000 apps these are 50,000 samples, and prometheus_client's writer took 0.4-0.9 s to format them
+    (bench/scale.py); so the collector writes its own lines in the text exposition format (version 0.0.4,
+    the one allocator/http.py serves) and keeps each app's lines until its view or its pacing window
+    changes: a scrape formats only the apps that changed. /metrics serves its text after the registry's
+    (metrics.py `AllocatorMetrics.exposition`), and the tests read it back as Prometheus would. Thread-safe: scrapes may come from several HTTP threads; the cache is taken under a lock."""
+
+    def __init__(self, status: Callable[[], Status]) -> None:
+        self._status = status
+        self._lock = threading.Lock()
+        # app -> (its view, its pacing window, its lines): what the last scrape wrote for it
+        self._lines: dict[AppKey, tuple[AppView, Window | None, str, str, str]] = {}
+
+    def exposition(self) -> bytes:
+        status = self._status()
+        with self._lock:
+            return self._write(status).encode()
+
+    def _write(self, status: Status) -> str:
+        live = status.snapshot.apps
+        known, current = self._lines, {}
+        executors: list[str] = []
+        windows: list[str] = []
+        states: list[str] = []
+        in_flight: Counter[str] = Counter()
+        bypassed: Counter[str] = Counter()
+        for key, view in live.items():
+            memory = status.memory.get(key)
+            window = memory.pacing if memory is not None else None
+            entry = known.get(key)
+            if entry is None or entry[0] is not view or entry[1] is not window:
+                entry = (view, window, *_app_lines(key, view, window))
+            current[key] = entry
+            executors.append(entry[2])
+            windows.append(entry[3])
+            states.append(entry[4])
+            in_flight[key.namespace] += view.counts.in_flight
+            bypassed[key.namespace] += view.counts.bypassed
+        self._lines = current
+        held_for: Counter[str] = Counter(
+            s.missing_source for k, s in status.settings.items() if s.missing_source is not None and k in live
+        )
+        namespaces = sorted(in_flight.keys() | bypassed.keys())
+        return "".join(
+            [
+                _header(EXECUTORS),
+                *executors,
+                _header(IN_FLIGHT),
+                *(_line(IN_FLIGHT, {"namespace": ns}, in_flight[ns]) for ns in namespaces),
+                _header(BYPASSED),
+                *(_line(BYPASSED, {"namespace": ns}, bypassed[ns]) for ns in namespaces),
+                _header(PACING_WINDOW),
+                *windows,
+                _header(PACING_STATE),
+                *states,
+                _header(MISSING),
+                *(_line(MISSING, {"source": source}, n) for source, n in sorted(held_for.items())),
+                _header(LIMIT),
+                *(
+                    _line(LIMIT, {"scope": scope}, status.limits.get(scope, 0))
+                    for scope in ("namespace", "cluster")
+                ),
+                _header(APPS),
+                _line(APPS, {}, len(live)),
+                _header(BACKING_OFF),
+                _line(BACKING_OFF, {}, sum(1 for _, left in status.backoff.values() if left > 0)),
+                _header(UNSAVED),
+                _line(UNSAVED, {}, status.history_unsaved),
+                _header(HISTORIES),
+                _line(HISTORIES, {}, status.histories),
+            ]
+        )
 
 
-def observe_pacing(metrics: AllocatorMetrics, memory: Mapping[AppKey, AppMemory], live: set[AppKey]) -> None:
-    """Each live app's pacing window and its reason (the leader's decisions; a follower has none)."""
-    for key in live:
-        window = memory[key].pacing if key in memory else None
-        if window is not None:
-            metrics.set_pacing(key, window)
-    metrics.forget_pacing({key for key in live if key in memory and memory[key].pacing is not None})
+class Gauge(NamedTuple):
+    """A gauge AppsCollector writes."""
+
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
+
+
+EXECUTORS = Gauge(
+    "sparkgate_allocator_executors",
+    "Executor pods by app and state (gated, in_flight, running, other).",
+    ("namespace", "app", "state"),
+)
+IN_FLIGHT = Gauge("sparkgate_allocator_in_flight", "Executor pods in flight by namespace.", ("namespace",))
+BYPASSED = Gauge(
+    "sparkgate_allocator_bypassed_pods", "Live executor pods admitted without sparkgate.", ("namespace",)
+)
+PACING_WINDOW = Gauge(
+    "sparkgate_allocator_pacing_window",
+    "Pods an app may have released and not yet answered by the scheduler (its pacing window).",
+    ("namespace", "app"),
+)
+PACING_STATE = Gauge(
+    "sparkgate_allocator_pacing_state",
+    "1 for the reason an app's window is what it is (slow-start, ceiling, unschedulable, slow-bind, fixed), 0 "
+    "for the others.",
+    ("namespace", "app", "reason"),
+)
+MISSING = Gauge(
+    "sparkgate_allocator_source_configmap_missing",
+    "Apps held because a profile's source ConfigMap is missing.",
+    ("source",),
+)
+LIMIT = Gauge(
+    "sparkgate_allocator_limit", "Limits in force by scope (namespace and cluster budgets).", ("scope",)
+)
+APPS = Gauge("sparkgate_allocator_apps", "Applications tracked.")
+BACKING_OFF = Gauge("sparkgate_allocator_apps_backing_off", "Apps held by their backoff after failed writes.")
+UNSAVED = Gauge(
+    "sparkgate_allocator_history_unsaved", "Apps whose deletion history has changes not yet written."
+)
+HISTORIES = Gauge(
+    "sparkgate_allocator_histories",
+    "Deletion histories held (one ConfigMap each once written); a finished app's expires after "
+    "--history-retention.",
+)
+GAUGES = (
+    EXECUTORS, IN_FLIGHT, BYPASSED, PACING_WINDOW, PACING_STATE, MISSING, LIMIT, APPS, BACKING_OFF, UNSAVED, HISTORIES,
+)  # fmt: skip
+_ESCAPES = str.maketrans({"\\": r"\\", "\n": r"\n", '"': r"\""})
+
+
+def _value(value: float) -> str:
+    """A sample's value as prometheus_client writes it."""
+    return str(floatToGoString(value))  # type: ignore[no-untyped-call]
+
+
+def _header(family: Gauge) -> str:
+    name, documentation = family.name, family.help
+    documentation = documentation.replace("\\", r"\\").replace("\n", r"\n")
+    return f"# HELP {name} {documentation}\n# TYPE {name} gauge\n"
+
+
+def _line(family: Gauge, labels: Mapping[str, str], value: float) -> str:
+    """One sample, as prometheus_client's writer (exposition.py `generate_latest`) writes it."""
+    if not labels:
+        return f"{family.name} {_value(value)}\n"
+    text = ",".join(
+        f'{k}="{v.translate(_ESCAPES)}"' for k, v in sorted(labels.items())
+    )  # by name, as it does
+    return f"{family.name}{{{text}}} {_value(value)}\n"
+
+
+def _app_lines(key: AppKey, view: AppView, window: Window | None) -> tuple[str, str, str]:
+    """An app's lines of the executors, pacing window and pacing state gauges (labels by name: app,
+    namespace, then reason or state, as `_line` writes them)."""
+    app = f'app="{key.app_id.translate(_ESCAPES)}",namespace="{key.namespace.translate(_ESCAPES)}"'
+    name = EXECUTORS.name
+    executors = "".join(
+        f'{name}{{{app},state="{state}"}} {_value(n)}\n' for state, n in view.counts.by_state().items()
+    )
+    if window is None:
+        return executors, "", ""
+    name = PACING_STATE.name
+    states = "".join(
+        f'{name}{{{app},reason="{reason.value}"}} {"1.0" if reason is window.reason else "0.0"}\n'
+        for reason in Reason
+    )
+    return executors, f"{PACING_WINDOW.name}{{{app}}} {_value(window.size)}\n", states
 
 
 def pacing_summary(memory: AppMemory | None) -> dict[str, Any] | None:
@@ -97,17 +229,17 @@ def app_summary(
     history: History | None,
     backoff: tuple[int, float] | None = None,
 ) -> dict[str, Any]:
-    counts = executor_counts(view)
+    counts = view.counts
     allocation = settings.allocation if settings else None
     return {
         "namespace": view.key.namespace,
         "appId": view.key.app_id,
         "profile": view.profile,  # from its pods: the same on every replica
-        "gated": counts["gated"],
-        "inFlight": counts["in_flight"],
-        "running": counts["running"],
-        "failed": sum(1 for p in view.pods if p.phase == "Failed"),
-        "bypassed": sum(1 for p in view.pods if p.bypassed),
+        "gated": counts.gated,
+        "inFlight": counts.in_flight,
+        "running": counts.running,
+        "failed": counts.failed,
+        "bypassed": counts.bypassed,
         "limits": (
             {
                 "batchSize": allocation.batch_size,

@@ -631,7 +631,7 @@ class Replicas:
 
     def turn(self) -> None:
         for c in (self.leader, self.follower):
-            c.queue.add(c.cache.snapshot().apps)  # the tick
+            c.tick()
             for _ in range(50):
                 keys = c.queue.get(0)
                 if not keys:
@@ -647,15 +647,12 @@ def lead(c: Controller, leading: bool) -> None:
 
 
 def series(metrics: AllocatorMetrics) -> int:
-    return sum(len(m.samples) for m in metrics.registry.collect())
+    return sum(len(m.samples) for m in metrics.families())
 
 
 def app_series(metrics: AllocatorMetrics) -> int:
     return sum(
-        1
-        for m in metrics.registry.collect()
-        for s in m.samples
-        if "app" in s.labels or "namespace" in s.labels
+        1 for m in metrics.families() for s in m.samples if "app" in s.labels or "namespace" in s.labels
     )
 
 

@@ -43,11 +43,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from allocator.cache import Cache
-from allocator.decision import InFlightCounts, decide
+from allocator.decision import decide
 from allocator.expectations import Expectations
 from allocator.metrics import AllocatorMetrics
 from allocator.model import Action, AppMemory, PodRecord, Release
-from allocator.status import executor_counts, observe_apps
+from allocator.status import AppsCollector, Status
 from sparkgate import contract
 from sparkgate.contract import AppKey
 from sparkgate.json_patch import apply_patch
@@ -243,7 +243,6 @@ class Allocator:
         self.memory: dict[AppKey, AppMemory] = {}
         self.now = 0.0
         self.expectations = Expectations(monotonic=lambda: self.now)
-        self.in_flight = InFlightCounts()
         self.actions: tuple[Action, ...] = ()
         self.expect_seconds = 0.0  # of the decisions' time, what expect_released took
         self.cache = Cache(self.dirty.update, lambda record, removed: self.gone.append(record))
@@ -274,12 +273,12 @@ class Allocator:
         """One decision for `apps` (None: every app, the tick), as the loop takes it."""
         snapshot = self.cache.snapshot()
         started = time.perf_counter()
-        snapshot = self.expectations.apply(snapshot)
+        snapshot = self.expectations.apply(snapshot, self.expectations.pending())
         self.expect_seconds += time.perf_counter() - started
-        decision = decide(snapshot, self.policy, self.now, self.memory, apps, in_flight=self.in_flight)
+        decision = decide(snapshot, self.policy, self.now, self.memory, apps)
         self.memory.update(decision.memory)
         self.dirty.clear()
-        self.expectations.released(a.pod.uid for a in decision.actions if isinstance(a, Release))
+        self.expectations.released((a.app, a.pod.uid) for a in decision.actions if isinstance(a, Release))
         return decision.actions
 
 
@@ -361,18 +360,19 @@ def loop_overheads(allocator: Allocator) -> dict[str, float]:
     removed gate not yet seen by the watch, and `_observe`'s per-app work (counts by state, the per-app
     gauges, the bypass count); both walk every pod of every app."""
     snapshot = allocator.cache.snapshot()
-    some_uid = next(p.uid for view in snapshot.apps.values() for p in view.pods)
     metrics = AllocatorMetrics()
     rounds = 20
     started = time.perf_counter()
     expectations = Expectations()
-    expectations.released([some_uid])
+    some = next(view for view in snapshot.apps.values() if view.pods)
+    expectations.released([(some.key, some.pods[0].uid)])
     for _ in range(rounds):
-        expectations.apply(snapshot)
+        expectations.apply(snapshot, expectations.pending())
     expect = (time.perf_counter() - started) / rounds
     started = time.perf_counter()
+    metrics.tracked = AppsCollector(lambda: Status(snapshot, {}, {}, {}, {}, 0, 0)).exposition
     for _ in range(rounds):
-        observe_apps(metrics, snapshot)
+        metrics.exposition()
     observed = (time.perf_counter() - started) / rounds
     return {"expect_released_ms": round(expect * 1000, 3), "observe_ms": round(observed * 1000, 3)}
 
@@ -389,7 +389,7 @@ def timed_pass(
     drive(allocator, stream, creations, timings, args, next_tick, coalesce=coalesce)
     views = allocator.cache.snapshot().apps.values()
     tracked = sum(len(v.pods) for v in views)
-    all_running = all(executor_counts(v)["running"] == args.executors for v in views)
+    all_running = all(v.counts.running == args.executors for v in views)
     overheads = loop_overheads(allocator)
     drive(allocator, stream, stream.teardown(), timings, args, next_tick, coalesce=coalesce)
     events = sum(timings.events)

@@ -176,3 +176,44 @@ def test_an_app_backing_off_keeps_its_backoff_through_a_decision_that_only_says_
     assert c.queue.failures() == {A: (1, 0.0)}  # still one failure: the next refusal backs off for longer
     actor.finish(B, True)  # app-b's releases went through
     assert B not in c.queue.failures()
+
+
+def test_an_app_held_by_the_cluster_budget_is_decided_when_another_apps_pod_leaves_flight(
+    controller: tuple[Controller, HeldActor],
+) -> None:
+    """The budget app-a frees is app-b's at the next step, not at the next tick: the loop wakes the apps a
+    shared budget holds when pods leave flight."""
+    c, actor = controller
+    c.step(take(c))
+    assert actor.releases() == [f"app-a-exec-{i}" for i in range(1, 5)]  # the cluster budget (4) to app-a
+    actor.finish(A, True)
+    actor.finish(B, True)  # app-b's Waiting event
+    assert c.settings[B].waiting_on == "cluster"
+    for i in range(1, 5):  # the watch shows app-a's releases
+        released = executor("app-a", i)
+        del released["spec"]["schedulingGates"]
+        c.cache.pod_event("MODIFIED", released)
+    c.step(take(c))
+    assert take(c) == set()  # nothing left flight: app-b is not woken
+    running = executor("app-a", 1)
+    del running["spec"]["schedulingGates"]
+    running["spec"]["nodeName"] = "node-1"
+    running["status"] = {"phase": "Running"}
+    c.cache.pod_event("MODIFIED", running)  # one of app-a's pods is bound and runs: one slot frees
+    assert take(c) == {A}
+    c.step({A})
+    assert take(c) == {B}  # woken by the freed slot, no tick in between
+    c.step({B})
+    assert actor.releases() == ["app-b-exec-1"]
+    actor.finish(B, True)
+    # A slot freed right after that release (no step in between) wakes app-b again.
+    running = executor("app-a", 2)
+    del running["spec"]["schedulingGates"]
+    running["spec"]["nodeName"] = "node-1"
+    running["status"] = {"phase": "Running"}
+    c.cache.pod_event("MODIFIED", running)
+    assert take(c) == {A}
+    c.step({A})
+    assert take(c) == {B}
+    c.step({B})  # decided at once: now its own previous batch (app-b-exec-1, not bound) holds it
+    assert actor.releases() == [] and c.settings[B].waiting_on == "previous-batch"

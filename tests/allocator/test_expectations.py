@@ -23,6 +23,10 @@ def snap(*pods: PodRecord) -> Snapshot:
     return Snapshot({KEY: AppView(KEY, pods, None, False, frozenset())}, frozenset())
 
 
+def expect(e: Expectations, snapshot: Snapshot) -> Snapshot:
+    return e.apply(snapshot, e.pending())
+
+
 def pods_of(snapshot: Snapshot) -> dict[str, tuple[bool, bool]]:
     return {p.uid: (p.gated, p.deleting) for p in snapshot.apps[KEY].pods}
 
@@ -31,31 +35,31 @@ def test_a_release_counts_as_done_until_the_watch_shows_it() -> None:
     now = [0.0]
     e = Expectations(expiry=60, monotonic=lambda: now[0])
     s = snap(pod("1"), pod("2"))
-    assert e.apply(s) is s  # nothing expected: the same snapshot
-    e.released(["1"])
-    assert pods_of(e.apply(s)) == {"1": (False, False), "2": (True, False)}
+    assert expect(e, s) is s  # nothing expected: the same snapshot
+    e.released([(KEY, "1")])
+    assert pods_of(expect(e, s)) == {"1": (False, False), "2": (True, False)}
     e.observe(pod("1"), replace(pod("1"), gated=False, gate_index=None))
-    assert len(e) == 0 and pods_of(e.apply(s)) == {"1": (True, False), "2": (True, False)}
+    assert len(e) == 0 and pods_of(expect(e, s)) == {"1": (True, False), "2": (True, False)}
 
 
 def test_a_failed_release_is_forgotten_and_an_unseen_one_expires() -> None:
     now = [0.0]
     e = Expectations(expiry=60, monotonic=lambda: now[0])
-    e.released(["1", "2"])
+    e.released([(KEY, "1"), (KEY, "2")])
     e.failed(["2"])
-    assert pods_of(e.apply(snap(pod("1"), pod("2")))) == {"1": (False, False), "2": (True, False)}
+    assert pods_of(expect(e, snap(pod("1"), pod("2")))) == {"1": (False, False), "2": (True, False)}
     now[0] = 61  # a relist replaced the pod and the watch never showed the change: the cache wins again
-    assert pods_of(e.apply(snap(pod("1"), pod("2")))) == {"1": (True, False), "2": (True, False)}
+    assert pods_of(expect(e, snap(pod("1"), pod("2")))) == {"1": (True, False), "2": (True, False)}
     assert len(e) == 0
 
 
 def test_a_delete_counts_until_the_watch_shows_the_pod_deleting_or_gone() -> None:
     e = Expectations()
-    e.deleted("1")
-    assert pods_of(e.apply(snap(pod("1")))) == {"1": (True, True)}
+    e.deleted(KEY, "1")
+    assert pods_of(expect(e, snap(pod("1")))) == {"1": (True, True)}
     e.observe(pod("1"), None)  # the watch: DELETED
     assert len(e) == 0
-    e.deleted("2")
+    e.deleted(KEY, "2")
     e.observe(pod("2"), pod("2", deleting=True))
     assert len(e) == 0
 
@@ -68,3 +72,49 @@ def test_release_to_bind_is_measured_once_when_the_pod_gets_a_node() -> None:
     times.observe(pod("1", gated=False), pod("1", gated=False, node="n1"))
     times.observe(pod("1", gated=False, node="n1"), pod("1", gated=False, node="n1"))
     assert seen == [("spark", 2.5)]
+
+
+def test_the_expected_snapshot_keeps_the_in_flight_sums_and_touches_only_the_apps_written_to() -> None:
+    other = AppKey("spark", "b")
+    b_pod = replace(pod("9"), app_id="b", name="b-9")
+    s = Snapshot(
+        {
+            KEY: AppView(KEY, (pod("1"), pod("2", gated=False)), None, False, frozenset()),
+            other: AppView(other, (b_pod,), None, False, frozenset()),
+        },
+        frozenset(),
+        {"spark": 1},
+    )
+    e = Expectations()
+    e.released([(KEY, "1")])
+    expected = expect(e, s)
+    # a's release is in flight from the moment it is sent: the namespace's sum says 2, as a count would
+    assert expected.in_flight_by_namespace() == {"spark": 2}
+    assert expected.apps[KEY].counts.in_flight == 2 and expected.apps[KEY].counts.gated == 0
+    assert expected.apps[other] is s.apps[other]  # an app nothing was written to is the cache's view
+    e.deleted(KEY, "2")  # deleting: no longer in flight
+    assert expect(e, s).in_flight_by_namespace() == {"spark": 1}
+
+
+def test_expectations_expire_oldest_first() -> None:
+    now = [0.0]
+    e = Expectations(expiry=60, monotonic=lambda: now[0])
+    e.released([(KEY, "1")])
+    now[0] = 30
+    e.released([(KEY, "2")])
+    now[0] = 61  # the first is past its expiry, the second is not
+    assert pods_of(expect(e, snap(pod("1"), pod("2")))) == {"1": (True, False), "2": (False, False)}
+    assert len(e) == 1
+
+
+def test_expectations_taken_before_the_snapshot_survive_a_watch_event_handled_in_between() -> None:
+    """The loop takes the expectations, then the snapshot, then applies them: a watch event that drops an
+    expectation between the two must not make the pod look gated again (it would be released twice:
+    bench/scale.py's threaded run found it, 0.2 % of the releases at 10,000 pods)."""
+    e = Expectations()
+    e.released([(KEY, "1")])
+    pending = e.pending()
+    s = snap(pod("1"))  # a snapshot the watch's event had not reached yet
+    e.observe(pod("1"), replace(pod("1"), gated=False, gate_index=None))  # the event, handled meanwhile
+    assert len(e) == 0
+    assert pods_of(e.apply(s, pending)) == {"1": (False, False)}  # still released, not gated

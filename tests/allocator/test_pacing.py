@@ -6,6 +6,7 @@ unschedulable and which it has not answered yet, and checks what the next decisi
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 from hypothesis import given, settings
@@ -13,11 +14,11 @@ from hypothesis import strategies as st
 
 from allocator import pacing
 from allocator.cache import pod_record
-from allocator.decision import Decision, InFlightCounts, decide
+from allocator.decision import Decision, decide
 from allocator.metrics import AllocatorMetrics
 from allocator.model import AppMemory, PodRecord, Release, Snapshot
 from allocator.pacing import Reason, Window
-from allocator.status import observe_pacing, pacing_summary
+from allocator.status import AppsCollector, Status, pacing_summary
 from allocator.status_output import _window
 from sparkgate.contract import AppKey
 from sparkgate.policy import Policy, load_policy
@@ -229,7 +230,8 @@ def test_adaptive_releases_never_exceed_any_limit(
     for app, run, refuse, dt in steps:
         before = cluster.snapshot()
         d = cluster.decide(policy, now)
-        per_ns_before, total_before = InFlightCounts()(before)
+        per_ns_before = Counter(k.namespace for k, v in before.apps.items() for p in v.pods if p.in_flight)
+        total_before = sum(per_ns_before.values())
         new = sum(1 for a in d.actions if isinstance(a, Release))
         assert total_before + new <= max(cap, total_before)
         assert per_ns_before["spark"] + new <= max(per_ns, per_ns_before["spark"])
@@ -284,14 +286,19 @@ def test_apps_status_and_metrics_show_each_apps_window_and_why() -> None:
         == "10 (unschedulable, 4 unanswered)"
     )
     metrics = AllocatorMetrics()
-    observe_pacing(metrics, cluster.memory, {A, AppKey("spark", "b")})
+    shown = [cluster.snapshot()]
+
+    def status() -> Status:
+        return Status(shown[0], {}, dict(cluster.memory), {}, {}, 0, 0)
+
+    metrics.tracked = AppsCollector(status).exposition
 
     def sample(name: str, **labels: str) -> float | None:
-        return metrics.registry.get_sample_value(name, {"namespace": "spark", **labels})
+        return metrics.sample(name, {"namespace": "spark", **labels})
 
     assert sample("sparkgate_allocator_pacing_window", app="a") == 10
     assert sample("sparkgate_allocator_pacing_state", app="b", reason="unschedulable") == 1
     assert sample("sparkgate_allocator_pacing_state", app="b", reason="slow-start") == 0
-    observe_pacing(metrics, cluster.memory, {A})  # b is gone: its series go with it
+    shown[0] = Snapshot({A: shown[0].apps[A]}, frozenset())  # b is over: its series go with it
     assert sample("sparkgate_allocator_pacing_window", app="b") is None
     assert sample("sparkgate_allocator_pacing_state", app="b", reason="unschedulable") is None

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 import kubesim.apiserver
 from allocator.commands import assemble
@@ -135,9 +136,13 @@ def soak(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, 
             kube.close()
 
 
-def get_json(server: StatusServer, path: str) -> Any:
+def server_get(server: StatusServer, path: str) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{server.port}{path}", timeout=10) as r:
-        return json.loads(r.read())
+        return str(r.read().decode())
+
+
+def get_json(server: StatusServer, path: str) -> Any:
+    return json.loads(server_get(server, path))
 
 
 def test_soak_with_random_faults_keeps_the_limits_releases_everything_and_loses_no_deletion(
@@ -369,7 +374,15 @@ def test_soak_with_random_faults_keeps_the_limits_releases_everything_and_loses_
             assert main(["status", "--url", f"http://127.0.0.1:{server.port}", "-o", "json"]) == 0
         if json.loads(out.getvalue())["apps"] != document["apps"]:
             return False
-        sample = metrics.registry.get_sample_value
+        scraped = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(server_get(server, "/metrics"))
+            for s in family.samples
+        }
+
+        def sample(name: str, labels: dict[str, str] | None = None) -> float | None:
+            return scraped.get((name, tuple(sorted((labels or {}).items()))))
+
         for app in document["apps"]:
             for state, field in (("gated", "gated"), ("in_flight", "inFlight"), ("running", "running")):
                 labels = {"namespace": app["namespace"], "app": app["appId"], "state": state}

@@ -97,3 +97,33 @@ def test_get_waits_for_an_add_from_another_thread_and_close_wakes_it() -> None:
     assert q.get(30) == {A}
     threading.Timer(0.05, q.close).start()
     assert q.get(30) == set()
+
+
+def test_at_most_limit_apps_per_get_the_first_added_first() -> None:
+    q, _ = queue()
+    apps = [AppKey("spark", f"app-{i}") for i in range(10)]
+    q.add(apps[:6])
+    q.add(apps[6:])
+    assert q.get(0, limit=4) == set(apps[:4])
+    q.add([apps[0]])  # processing: it waits for done, and does not take a place in the next get
+    assert q.get(0, limit=4) == set(apps[4:8])
+    assert q.get(0, limit=4) == set(apps[8:])
+    q.done(apps[0])
+    assert q.get(0, limit=4) == {apps[0]}
+
+
+def test_a_later_requeue_does_not_delay_an_earlier_one_and_many_wait_without_cost() -> None:
+    q, clock = queue()
+    waiting = [AppKey("spark", f"app-{i}") for i in range(1000)]
+    for i, key in enumerate(waiting):
+        q.add_after(key, 10.0 + i)
+    q.add_after(A, 5.0)
+    q.add_after(A, 9.0)  # later than the one it has: the earlier time stands
+    clock.now = 5.0
+    assert q.get(0) == {A}
+    clock.now = 10.5
+    assert q.get(0) == {waiting[0]}
+    q.add_after(B, 20.0)
+    q.add_after(B, 1.0)  # earlier: ready at 11.5, not at 30.5
+    clock.now = 11.5
+    assert q.get(0) == {waiting[1], B}

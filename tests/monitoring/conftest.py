@@ -54,12 +54,16 @@ def metric_families() -> list[Family]:
     def wrappers(obj: Any) -> list[MetricWrapperBase]:
         return [v for v in vars(obj).values() if isinstance(v, MetricWrapperBase)]
 
+    from allocator.status import GAUGES
+
     allocator = AllocatorMetrics()
     certs_registry = CollectorRegistry()
     certs = CertsMetrics(certs_registry)
     return (
         _families("webhook", wrappers(webhook_metrics), REGISTRY)
         + _families("allocator", wrappers(allocator), allocator.registry)
+        # The gauges of what the allocator tracks, written at each scrape (allocator/status.py AppsCollector).
+        + [Family(g.name, "gauge", g.labels, "allocator") for g in GAUGES]
         + _families("certs", wrappers(certs), certs_registry)
     )
 

@@ -1,0 +1,149 @@
+"""The gauges of what the allocator tracks are written at each scrape by allocator/status.py `AppsCollector`,
+in the text format prometheus_client's own writer produces (exposition.py `generate_latest`, format 0.0.4),
+and an app's lines are written again only when its view or its pacing window changed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+from allocator import status as status_module
+from allocator.decision import AppSettings
+from allocator.model import AppMemory, AppView, PodRecord, Snapshot
+from allocator.pacing import Reason, Window
+from allocator.status import AppsCollector, Status
+from sparkgate.contract import AppKey
+from sparkgate.policy import Allocation
+
+# A label value with every character the format escapes.
+ODD = AppKey("spark", 'odd"app\\with\nnewline')
+A = AppKey("spark", "app-a")
+B = AppKey("team-b", "app-b")
+
+
+def pod(
+    key: AppKey, n: int, *, gated: bool = False, phase: str = "Running", profile: str | None = "p"
+) -> PodRecord:
+    return PodRecord(
+        key.namespace, f"{key.app_id}-{n}", f"{key.app_id}-{n}", key.app_id, n, "0", gated, profile,
+        None if gated or phase == "Pending" else "n1", phase, False, 0.0,
+    )  # fmt: skip
+
+
+def views() -> dict[AppKey, AppView]:
+    return {
+        A: AppView(
+            A, (pod(A, 1), pod(A, 2, gated=True), pod(A, 3, phase="Pending")), None, True, frozenset()
+        ),
+        B: AppView(B, (pod(B, 1, profile=None), pod(B, 2, phase="Failed")), None, True, frozenset()),
+        ODD: AppView(ODD, (pod(ODD, 1),), None, False, frozenset()),
+    }
+
+
+def status(apps: dict[AppKey, AppView], memory: dict[AppKey, AppMemory]) -> Status:
+    held = AppSettings(Allocation(10, 1.0, 20), "waiting", "log4j", "source")
+    return Status(
+        Snapshot(apps, frozenset()),
+        {B: held},
+        memory,
+        {"cluster": 1000, "namespace": 100},
+        {A: (2, 1.5), B: (1, 0.0)},
+        3,
+        7,
+    )
+
+
+def reference(s: Status) -> bytes:
+    """The same gauges written by prometheus_client's Gauge and generate_latest."""
+    r = CollectorRegistry()
+    executors = Gauge(
+        "sparkgate_allocator_executors",
+        status_module.EXECUTORS.help,
+        ["namespace", "app", "state"],
+        registry=r,
+    )
+    in_flight = Gauge(
+        "sparkgate_allocator_in_flight", status_module.IN_FLIGHT.help, ["namespace"], registry=r
+    )
+    bypassed = Gauge(
+        "sparkgate_allocator_bypassed_pods", status_module.BYPASSED.help, ["namespace"], registry=r
+    )
+    window = Gauge(
+        "sparkgate_allocator_pacing_window",
+        status_module.PACING_WINDOW.help,
+        ["namespace", "app"],
+        registry=r,
+    )
+    state = Gauge(
+        "sparkgate_allocator_pacing_state",
+        status_module.PACING_STATE.help,
+        ["namespace", "app", "reason"],
+        registry=r,
+    )
+    missing = Gauge(
+        "sparkgate_allocator_source_configmap_missing", status_module.MISSING.help, ["source"], registry=r
+    )
+    limit = Gauge("sparkgate_allocator_limit", status_module.LIMIT.help, ["scope"], registry=r)
+    apps = Gauge("sparkgate_allocator_apps", status_module.APPS.help, registry=r)
+    backing = Gauge("sparkgate_allocator_apps_backing_off", status_module.BACKING_OFF.help, registry=r)
+    unsaved = Gauge("sparkgate_allocator_history_unsaved", status_module.UNSAVED.help, registry=r)
+    histories = Gauge("sparkgate_allocator_histories", status_module.HISTORIES.help, registry=r)
+    for key, view in s.snapshot.apps.items():
+        for name, n in view.counts.by_state().items():
+            executors.labels(key.namespace, key.app_id, name).set(n)
+    for namespace in sorted({k.namespace for k in s.snapshot.apps}):
+        ours = [v for k, v in s.snapshot.apps.items() if k.namespace == namespace]
+        in_flight.labels(namespace).set(sum(1 for v in ours for p in v.pods if p.in_flight))
+        bypassed.labels(namespace).set(sum(1 for v in ours for p in v.pods if p.bypassed))
+    for key in s.snapshot.apps:
+        memory = s.memory.get(key)
+        if memory is not None and memory.pacing is not None:
+            window.labels(key.namespace, key.app_id).set(memory.pacing.size)
+            for reason in Reason:
+                state.labels(key.namespace, key.app_id, reason.value).set(reason is memory.pacing.reason)
+    missing.labels("log4j").set(1)
+    limit.labels("namespace").set(100)
+    limit.labels("cluster").set(1000)
+    apps.set(3)
+    backing.set(1)
+    unsaved.set(3)
+    histories.set(7)
+    return generate_latest(r)
+
+
+def test_the_collector_writes_what_prometheus_clients_writer_writes() -> None:
+    memory = {
+        A: AppMemory(pacing=Window(20, Reason.SLOW_START)),
+        ODD: AppMemory(pacing=Window(10, Reason.FIXED)),
+    }
+    s = status(views(), memory)
+    assert AppsCollector(lambda: s).exposition() == reference(s)
+
+
+def test_a_scrape_writes_again_only_the_apps_that_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    written: list[AppKey] = []
+    app_lines = status_module._app_lines
+
+    def counting(key: AppKey, view: AppView, window: Window | None) -> tuple[str, str, str]:
+        written.append(key)
+        return app_lines(key, view, window)
+
+    monkeypatch.setattr(status_module, "_app_lines", counting)
+    apps, memory = views(), {A: AppMemory(pacing=Window(20, Reason.SLOW_START))}
+    current = [status(apps, memory)]
+    collector = AppsCollector(lambda: current[0])
+    first = collector.exposition()
+    assert sorted(written) == sorted(apps)
+    written.clear()
+    assert collector.exposition() == first and written == []  # nothing changed: nothing written again
+    apps = {**apps, B: replace(apps[B], pods=(pod(B, 1, profile=None),))}  # app-b changed
+    memory = {A: AppMemory(pacing=Window(40, Reason.SLOW_START))}  # app-a's window grew
+    current[0] = status(apps, memory)
+    changed = collector.exposition()
+    assert sorted(written) == sorted([A, B])
+    assert changed == reference(current[0])
+    del apps[B]  # app-b is over: its series are gone from the next scrape
+    current[0] = status(apps, memory)
+    assert b'app="app-b"' not in collector.exposition()
