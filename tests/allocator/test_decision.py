@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocator.decision import decide, rebuilt_memory
+from allocator.decision import WAITING_EVENT_SECONDS, decide, rebuilt_memory
 from allocator.model import (
     AppMemory,
     AppView,
@@ -366,3 +366,18 @@ def test_releases_never_exceed_any_limit(
     for ns, n in by_ns.items():
         assert per_namespace_before[ns] + n <= max(per_ns, per_namespace_before[ns])
     assert total_before + sum(by_ns.values()) <= max(cluster, total_before)
+
+
+def test_an_app_is_told_why_it_waits_once_it_had_no_release_for_five_seconds() -> None:
+    """Most pods wait milliseconds for their release: a Waiting Event for each would be one Event write per
+    pod. The app is told once it has had no release for WAITING_EVENT_SECONDS."""
+    full = snap(view("a", [pod("a", i, gated=False) for i in range(1, 3)]), view("b", [pod("b", 1)]))
+    p = policy(cluster=2)
+    first = decide(full, p, 100.0, {})
+    waits = [a for a in first.actions if isinstance(a, Event)]
+    assert released(first) == [] and waits == []
+    assert first.settings[AppKey("spark", "b")].waiting_on == "cluster"
+    later = decide(full, p, 100.0 + WAITING_EVENT_SECONDS, first.memory)
+    assert [(e.pod, e.reason, e.message) for e in later.actions if isinstance(e, Event)] == [
+        ("b-exec-1", "Waiting", "waiting: the cluster has 2/2 pods in flight")
+    ]

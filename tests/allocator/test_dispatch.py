@@ -115,13 +115,12 @@ def test_dispatched_releases_count_and_a_busy_app_waits_for_its_actions(
     c.step({A, B})
     # The cluster budget (4) goes to app-a; its releases are still being sent.
     assert actor.releases() == [f"app-a-exec-{i}" for i in range(1, 5)]
-    actor.finish(B, True)  # app-b's Waiting event
+    assert B not in actor.pending  # it only waits: nothing to write (a Waiting Event comes after 5 s)
     assert take(c) == set()  # nothing changed for it
     # app-b is decided while app-a's PATCHes are in flight: they count, so it gets nothing.
     c.queue.add({B})
     c.step(take(c))
     assert actor.releases() == []
-    actor.finish(B, True)
     # app-a changes while busy: not taken now, but once its actions are done.
     c.queue.add({A})
     assert take(c) == set()
@@ -129,7 +128,6 @@ def test_dispatched_releases_count_and_a_busy_app_waits_for_its_actions(
     assert take(c) == {B}
     c.step({B})
     assert actor.releases() == []
-    actor.finish(B, True)
     # A write of app-a failed: what it did not release is no longer in flight, and it is decided again.
     actor.finish(A, False)
     assert take(c) == {A}
@@ -145,7 +143,6 @@ def test_an_exception_in_one_apps_actions_is_counted_and_that_app_backs_off(
     assert actor.releases() == [f"app-a-exec-{i}" for i in range(1, 5)]
     future, _ = actor.pending.pop(A)
     future.set_exception(RuntimeError("a bug in an action"))  # app-a's thread of the actor raised
-    actor.finish(B, True)
     assert c.metrics.registry.get_sample_value("sparkgate_allocator_decision_errors_total") == 1
     assert c.queue.failures() == {A: (1, 0.0)}  # backing off (0 s here), its releases no longer in flight
     assert take(c) == {A}
@@ -162,16 +159,21 @@ def test_an_app_backing_off_keeps_its_backoff_through_a_decision_that_only_says_
     decision that only sends it a Waiting event (no room) does not reset its backoff; writes that went through
     do."""
     c, actor = controller
+    now = [1000.0]
+    c.clock = lambda: now[0]
     c.step(take(c))
     assert actor.releases() == [f"app-a-exec-{i}" for i in range(1, 5)]  # the cluster budget (4) to app-a
-    actor.finish(B, True)  # app-b's Waiting event
     actor.finish(A, False)  # app-a's first release refused
     assert c.queue.failures() == {A: (1, 0.0)}
     c.queue.add({B})
     c.step(take(c) - {A})  # app-b takes the budget app-a's failure freed; its PATCHes are in flight
     assert actor.releases() == [f"app-b-exec-{i}" for i in range(1, 5)]
-    c.step({A})  # no room: app-a is only told it waits
-    assert actor.releases() == [] and A in actor.pending
+    c.step({A})  # no room: app-a waits, nothing written
+    assert actor.releases() == [] and A not in actor.pending
+    now[0] += 5  # no release for 5 s: the decision tells app-a why it waits, in a Waiting Event
+    c.step({A})
+    assert [getattr(a, "reason", None) for a in actor.given] == ["Waiting"] and A in actor.pending
+    assert actor.releases() == []
     actor.finish(A, True)
     assert c.queue.failures() == {A: (1, 0.0)}  # still one failure: the next refusal backs off for longer
     actor.finish(B, True)  # app-b's releases went through
@@ -187,7 +189,6 @@ def test_an_app_held_by_the_cluster_budget_is_decided_when_another_apps_pod_leav
     c.step(take(c))
     assert actor.releases() == [f"app-a-exec-{i}" for i in range(1, 5)]  # the cluster budget (4) to app-a
     actor.finish(A, True)
-    actor.finish(B, True)  # app-b's Waiting event
     assert c.settings[B].waiting_on == "cluster"
     for i in range(1, 5):  # the watch shows app-a's releases
         released = executor("app-a", i)
