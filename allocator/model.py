@@ -129,7 +129,7 @@ class Counts:
 @dataclass(frozen=True, slots=True)
 class AppView:
     """Everything the cache knows about one application at one moment. Immutable: the cache hands out the
-    same object until the app changes, and its counts are taken once, when it is made."""
+    same object until the app changes, and its counts and profile are taken once, when it is made."""
 
     key: AppKey
     pods: tuple[PodRecord, ...]  # executor pods, in the order the cache saw them (sort by executor_order)
@@ -137,23 +137,15 @@ class AppView:
     driver_seen: bool  # a driver pod was seen at some point (so None means "gone", not "none")
     config_maps: frozenset[str]  # names of sparkgate's config map copies that exist for this app
     counts: Counts = field(init=False, compare=False, repr=False)
+    # The sparkgate profile named on the app's pods: the lowest executor id's that names one (the webhook
+    # names the same on every pod of an app unless the policy changed meanwhile). What the decision applies
+    # and what /apps shows on every replica, the leader's or not.
+    profile: str | None = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "counts", Counts.of(self.pods))
-
-    @property
-    def profile(self) -> str | None:
-        """The sparkgate profile named on the app's pods: the lowest executor id's that names one (the webhook
-        names the same on every pod of an app unless the policy changed meanwhile). What the decision applies
-        and what /apps shows on every replica, the leader's or not."""
-        return next(
-            (
-                p.profile
-                for p in sorted(self.pods, key=executor_order)
-                if p.profile and p.profile != NO_PROFILE
-            ),
-            None,
-        )
+        named = [p for p in self.pods if p.profile and p.profile != NO_PROFILE]
+        object.__setattr__(self, "profile", min(named, key=executor_order).profile if named else None)
 
     @property
     def finished(self) -> bool:
