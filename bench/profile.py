@@ -5,9 +5,9 @@ profiles were taken.
         The webhook (or the floor) under saturated wrk load, sampled by py-spy in the gunicorn worker while it
         holds the GIL (Python's own work; TLS and socket I/O release the GIL). py-spy is not a dependency of
         sparkgate: `.venv/bin/pip install py-spy` first.
-    python -m bench.profile scale [--apps 500] [--every-event]
-        bench/scale.py's timed pass under cProfile (stdlib). cProfile inflates small functions; read the
-        shares, not the times.
+    python -m bench.profile scale [--pods 100000]
+        bench/scale.py's timed pass at one size, its loop thread (`Controller.run`) under cProfile (stdlib).
+        cProfile inflates small functions; read the shares, not the times.
 
 Both print the functions with the largest inclusive and self shares.
 """
@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import copy
-import cProfile
 import pstats
 import re
 import shutil
@@ -28,7 +26,6 @@ import time
 from pathlib import Path
 
 from sandbox.local_webhook import LocalWebhook
-from sparkgate.policy import load_policy
 
 from . import common, scale
 from .admission import wrk
@@ -120,21 +117,17 @@ def profile_admission(args: argparse.Namespace) -> None:
 
 
 def profile_scale(args: argparse.Namespace) -> None:
-    parser = argparse.ArgumentParser()
-    scale.add_arguments(parser)
-    options = parser.parse_args(["--apps", str(args.apps)])
-    policy = load_policy(scale.POLICY)
-    template = scale.admitted_pod(policy)
-    profiler = cProfile.Profile()
-    profiler.enable()
-    result = scale.timed_pass(copy.deepcopy(template), policy, options, coalesce=not args.every_event)
-    profiler.disable()
+    with tempfile.TemporaryDirectory(prefix="sparkgate-profile-") as tmp:
+        path = Path(tmp) / "loop.pstats"
+        options = common.parser_for(scale, None).parse_args(
+            ["--sizes", str(args.pods), "--no-memory", "--profile", str(path)]
+        )
+        size = scale.run(options)["sizes"][0]
+        stats = pstats.Stats(str(path))
     print(
-        f"# scale, {'every event' if args.every_event else 'loop'}: {result['events_per_second']:,.0f} events/s "
-        f"under cProfile; shares of the timed parts: {result['share_of_time']}, "
-        f"expect_released {result['share_of_time_in_expect_released']}"
+        f"# scale, {args.pods:,} pods: the loop thread under cProfile, {size['events_per_second']:,.0f} "
+        f"events/s, {size['steps']:,} steps, loop CPU {size['loop_cpu_s']:.1f} s"
     )
-    stats = pstats.Stats(profiler)
     stats.sort_stats("cumulative").print_stats(args.top)
     stats.sort_stats("tottime").print_stats(args.top)
 
@@ -147,8 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--seconds", type=int, default=10)
     a.add_argument("--top", type=int, default=25)
     s = sub.add_parser("scale")
-    s.add_argument("--apps", type=int, default=500)
-    s.add_argument("--every-event", action="store_true")
+    s.add_argument("--pods", type=int, default=100_000)
     s.add_argument("--top", type=int, default=25)
     args = parser.parse_args(argv)
     (profile_admission if args.what == "admission" else profile_scale)(args)

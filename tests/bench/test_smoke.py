@@ -108,19 +108,39 @@ def test_admission(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
 
 def test_scale(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
     document = finished(results, "scale")
-    config, memory = document["config"], document["memory"]
-    pods = config["pods"]
-    for mode in ("loop", "every_event"):
-        timed = document[mode]
-        assert timed["tracked_pods_at_peak"] == pods and timed["all_running_at_peak"] is True
-        # Every pod created, released, bound, started, marked and deleted; every driver added, finished, deleted.
-        assert timed["events"] == 6 * pods + 3 * config["apps"]
-        assert timed["left_after_teardown"] == 0 and timed["deletions_seen"] == pods
-        assert positive(timed["events_per_second"]) and timed["tick_ms"]["count"] >= 1
-        assert 0 < timed["decision_per_step_ms"]["p50"] <= timed["decision_per_step_ms"]["p99"]
-        assert math.isclose(sum(timed["share_of_time"].values()), 1.0, abs_tol=0.01)
-    assert document["loop"]["steps"] < document["every_event"]["steps"] == document["every_event"]["events"]
-    assert memory["tracked_pods"] == pods and positive(memory["bytes_per_pod"])
+    config = document["config"]
+    assert [size["pods"] for size in document["sizes"]] == config["sizes"] and document["problems"] == []
+    for size in document["sizes"]:
+        pods, apps = size["pods"], size["apps"]
+        assert apps * config["executors_per_app"] == pods
+        # Every fifth app scaled down by 5 executors and up again with 5 new ids.
+        created = pods + (apps // 5) * 5
+        assert size["executor_pods_created"] == created
+        events = size["pod_events"]
+        assert size["events"] == sum(events.values()) > 0
+        assert events["executor ADDED"] == events["executor DELETED"] == created
+        assert events["driver ADDED"] == events["driver MODIFIED"] == events["driver DELETED"] == apps
+        # Each executor alive at the peak: its gate removal, its bind, its start and its graceful deletion.
+        assert events["executor MODIFIED"] >= 4 * pods
+        assert size["released_twice"] == 0 and size["released"] + size["deleted_while_gated"] == created
+        peak = size["peak"]
+        assert peak["live_executors"] == peak["running"] == peak["released_once"] == pods
+        assert peak["tracked_pods"] == peak["running_in_cache"] == pods
+        assert size["left_after_teardown"] == {
+            "apps": 0, "memory": 0, "settings": 0, "ended": 0, "app_series": 0
+        }  # fmt: skip
+        assert size["violation_count"] == 0 and size["writes"]["patch pods"] >= size["released"]
+        assert positive(size["events_per_second"]) and positive(size["arrival"]["events_per_second"])
+        assert size["arrival"]["events"] + size["teardown"]["events"] == size["events"]
+        assert size["steps"] >= size["steps_until_peak"] > 0
+        for figure in ("step_cpu_ms", "step_wall_ms", "keys_per_step"):
+            assert 0 <= size[figure]["p50"] <= size[figure]["p99"] <= size[figure]["max"]
+        assert size["keys_per_step"]["max"] <= apps
+        assert size["scrape"]["series"] > pods // config["executors_per_app"]
+        assert 0 < size["scrape"]["ms"]["p50"] <= size["scrape"]["ms"]["max"]
+        memory = size["memory"]
+        assert memory["tracked_pods"] == pods and positive(memory["bytes_per_pod"])
+        assert memory["bytes_at_peak"] > memory["bytes_before_first_event"] > 0
 
 
 def test_refill(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
