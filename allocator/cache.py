@@ -94,7 +94,7 @@ def pod_record(obj: Obj) -> PodRecord | None:
         created=_timestamp(meta.get("creationTimestamp")),
         batch_size=annotations.get(contract.ANNOTATION_BATCH_SIZE),
         max_pending=annotations.get(contract.ANNOTATION_MAX_PENDING),
-        owner_uid=owner,
+        owner_uid=_shared(owner),  # the driver's: the same for every pod of an app
         reason=reason,
         exit_code=exit_code,
         gate_index=gate_index,

@@ -29,11 +29,9 @@ EXPIRY = 60.0  # seconds a write may stay unreported by the watch before the cac
 
 @dataclass(frozen=True)
 class Pending:
-    """The writes not seen by the watch yet, at one moment: uids released, uids deleted, and their apps."""
+    """The writes not seen by the watch yet, at one moment: per app, the uids released and deleted."""
 
-    released: set[str]
-    deleted: set[str]
-    apps: set[AppKey]
+    by_app: dict[AppKey, tuple[frozenset[str], frozenset[str]]]
 
 
 class Expectations:
@@ -45,10 +43,10 @@ class Expectations:
         # visits only the apps named here, so a step costs per unseen write, not per pod of the cluster.
         self._released: dict[str, tuple[AppKey, float]] = {}  # gate removals dispatched
         self._deleted: dict[str, tuple[AppKey, float]] = {}  # deletes that succeeded
-        # The loop thread's own (apply): uid -> (the cache's record, what is expected of it, its expected
-        # copy), so that a step while thousands of removals are unseen does not copy each record again
-        # (bench/gates.py: 42 % of the allocator's time went to those copies).
-        self._copies: dict[str, tuple[PodRecord, tuple[bool, bool], PodRecord]] = {}
+        # The loop thread's own (apply): app -> (the cache's view, the uids released and deleted applied
+        # to it, the expected view), so that a step while thousands of removals are unseen does not copy
+        # each record again (bench/gates.py: 42 % of the allocator's time went to those copies).
+        self._views: dict[AppKey, tuple[AppView, frozenset[str], frozenset[str], AppView]] = {}
 
     def released(self, pods: Iterable[tuple[AppKey, str]]) -> None:
         """Gate removals dispatched: (app, uid) each."""
@@ -85,60 +83,58 @@ class Expectations:
         before it would then show the pod as it was, with nothing to correct it (the pod released again).
         One taken before may name a write the snapshot already shows: applying it changes nothing."""
         now = self.monotonic()
+        by_app: dict[AppKey, tuple[set[str], set[str]]] = {}
         with self._lock:
-            for table in (self._released, self._deleted):
+            for index, table in enumerate((self._released, self._deleted)):
                 while table:
                     uid, (_, at) = next(iter(table.items()))
                     if now - at <= self.expiry:
                         break
                     del table[uid]
-            return Pending(
-                set(self._released),
-                set(self._deleted),
-                {app for app, _ in self._released.values()} | {app for app, _ in self._deleted.values()},
-            )
+                for uid, (app, _) in table.items():
+                    by_app.setdefault(app, (set(), set()))[index].add(uid)
+        return Pending({app: (frozenset(r), frozenset(d)) for app, (r, d) in by_app.items()})
 
     def apply(self, snapshot: Snapshot, pending: Pending) -> Snapshot:
-        """The snapshot with the expected changes made (`pending` taken before it)."""
-        released, deleted = pending.released, pending.deleted
-        if len(self._copies) > len(released) + len(deleted):
-            self._copies = {u: c for u, c in self._copies.items() if u in released or u in deleted}
-        if not pending.apps:
+        """The snapshot with the expected changes made (`pending` taken before it). An app's expected view
+        is kept until its view or its expectations change, so a step while thousands of removals are unseen
+        costs per app that changed (bench/scale.py: rebuilding every expected view each step was 60 % of
+        the loop's time at 10,000 pods)."""
+        known, self._views = self._views, {}
+        if not pending.by_app:
             return snapshot
         changed: dict[AppKey, AppView] = {}
         in_flight = Counter(snapshot.in_flight_by_namespace())
-        for key in pending.apps:
+        for key, (released, deleted) in pending.by_app.items():
             view = snapshot.apps.get(key)
-            if view is None or not any(
-                (p.gated and p.uid in released) or (not p.deleting and p.uid in deleted) for p in view.pods
-            ):
+            if view is None:
                 continue
-            expected = changed[key] = replace(
-                view, pods=tuple(self._expected(p, released, deleted) for p in view.pods)
-            )
-            in_flight[key.namespace] += expected.counts.in_flight - view.counts.in_flight
+            entry = known.get(key)
+            if entry is None or entry[0] is not view or entry[1] != released or entry[2] != deleted:
+                copies = tuple(_expected(p, released, deleted) for p in view.pods)
+                expected = (
+                    view
+                    if all(c is p for c, p in zip(copies, view.pods, strict=True))
+                    else AppView(view.key, copies, view.driver, view.driver_seen, view.config_maps)
+                )
+                entry = (view, released, deleted, expected)
+            self._views[key] = entry
+            if entry[3] is not view:
+                changed[key] = entry[3]
+                in_flight[key.namespace] += entry[3].counts.in_flight - view.counts.in_flight
+        if not changed:
+            return snapshot
         # The changed views over the snapshot's, no copy of every app's (a ChainMap writes only to its first
         # map: the snapshot's is never written).
         views = ChainMap(changed, cast("MutableMapping[AppKey, AppView]", snapshot.apps))
         return Snapshot(views, snapshot.sources, in_flight)
-
-    def _expected(self, pod: PodRecord, released: set[str], deleted: set[str]) -> PodRecord:
-        change = (pod.gated and pod.uid in released, not pod.deleting and pod.uid in deleted)
-        if change == (False, False):
-            return pod
-        known = self._copies.get(pod.uid)
-        if known is not None and known[0] is pod and known[1] == change:
-            return known[2]
-        copy = _expected(pod, released, deleted)
-        self._copies[pod.uid] = (pod, change, copy)
-        return copy
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._released) + len(self._deleted)
 
 
-def _expected(pod: PodRecord, released: set[str], deleted: set[str]) -> PodRecord:
+def _expected(pod: PodRecord, released: frozenset[str], deleted: frozenset[str]) -> PodRecord:
     if pod.gated and pod.uid in released:
         pod = replace(pod, gated=False, gate_index=None)
     if not pod.deleting and pod.uid in deleted:

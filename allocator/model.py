@@ -205,7 +205,8 @@ class DeletionRecord:
 
 @dataclass
 class AppMemory:
-    """What the allocator remembers about an app between decisions (rebuilt on restart)."""
+    """What the allocator remembers about an app between decisions (rebuilt on restart). Every field is
+    immutable (a decision changes a shallow copy: decision.py `_copy_memory`)."""
 
     last_release_at: float | None = None  # clock time of the last release
     last_batch: frozenset[str] = frozenset()  # pod names of the last batch released (rebuilt: decision.py)

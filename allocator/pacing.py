@@ -98,18 +98,23 @@ def observe(window: Window | None, allocation: Allocation, pods: Iterable[PodRec
     if window is None or window.reason is Reason.FIXED:
         window = Window(allocation.batch_size, Reason.SLOW_START)
     top = ceiling(allocation)
-    by_name = {p.name: p for p in pods}
-    waiting = {name: at for name, at in window.round.items() if name in by_name and unanswered(by_name[name])}
-    if any(refused(p) for p in by_name.values()):
+    # One pass over the app's pods: the round's pods still waiting and those bound, and any refusal.
+    round_, waiting, bound, refusal = window.round, {}, 0, False
+    for p in pods:
+        refusal = refusal or refused(p)
+        at = round_.get(p.name)
+        if at is not None:
+            if unanswered(p):
+                waiting[p.name] = at
+            elif p.node is not None:
+                bound += 1
+    if refusal:
         return Window(allocation.batch_size, Reason.UNSCHEDULABLE, waiting, len(waiting))
     if any(now - at >= allocation.slow_bind_seconds for at in waiting.values()):
         return Window(allocation.batch_size, Reason.SLOW_BIND, waiting, len(waiting))
     if window.round and not waiting:
-        if window.growing:
-            bound = sum(1 for name in window.round if name in by_name and by_name[name].node is not None)
-            size = window.size + bound
-        else:
-            size = allocation.batch_size  # recovered: slow start again
+        # grown by the pods of the round bound; or recovered: slow start again
+        size = window.size + bound if window.growing else allocation.batch_size
         size = max(allocation.batch_size, min(size, top))
         return Window(size, Reason.CEILING if size >= top else Reason.SLOW_START)
     if not window.growing:

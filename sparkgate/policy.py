@@ -120,6 +120,11 @@ class Policy:
     profiles: tuple[Profile, ...]
     digest: str
     scheduling: Scheduling = field(default_factory=lambda: Scheduling())
+    # allocation_for's answers, by (profile, batch-size annotation, max-pending annotation): the same for
+    # every app of a profile, asked at every decision (bench/scale.py). The policy is immutable.
+    _allocations: dict[tuple[str | None, str | None, str | None], tuple[Allocation, tuple[str, ...]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def is_excluded(self, namespace: str) -> bool:
         return any(fnmatch.fnmatchcase(namespace, g) for g in self.excluded_namespaces)
@@ -160,6 +165,20 @@ class Policy:
         Annotations are clamped to [1, cap]. A malformed annotation is ignored; the returned list says
         which and why, for a Warning event.
         """
+        key = (
+            None if profile is None else profile.name,
+            annotations.get(contract.ANNOTATION_BATCH_SIZE),
+            annotations.get(contract.ANNOTATION_MAX_PENDING),
+        )
+        known = self._allocations.get(key)
+        if known is None:
+            allocation, problems = self._allocation_for(profile, annotations)
+            known = self._allocations[key] = (allocation, tuple(problems))
+        return known[0], list(known[1])
+
+    def _allocation_for(
+        self, profile: Profile | None, annotations: Mapping[str, str]
+    ) -> tuple[Allocation, list[str]]:
         base = self.allocation if profile is None else self.allocation.with_override(profile.allocation)
         problems: list[str] = []
 
