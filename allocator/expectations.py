@@ -18,7 +18,7 @@ import time
 from collections import ChainMap, Counter
 from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, replace
-from typing import cast
+from typing import Any, cast
 
 from sparkgate.contract import AppKey
 
@@ -29,9 +29,13 @@ EXPIRY = 60.0  # seconds a write may stay unreported by the watch before the cac
 
 @dataclass(frozen=True)
 class Pending:
-    """The writes not seen by the watch yet, at one moment: per app, the uids released and deleted."""
+    """The writes not seen by the watch yet, at one moment: per app, (a version that changes with them, the
+    uids released, the uids deleted)."""
 
-    by_app: dict[AppKey, tuple[frozenset[str], frozenset[str]]]
+    by_app: dict[AppKey, tuple[int, frozenset[str], frozenset[str]]]
+
+
+RELEASED, DELETED = 0, 1
 
 
 class Expectations:
@@ -39,33 +43,35 @@ class Expectations:
         self.expiry = expiry
         self.monotonic = monotonic
         self._lock = threading.Lock()
-        # uid -> (its app, when the write was made), oldest first: expiry pops from the front, and `apply`
-        # visits only the apps named here, so a step costs per unseen write, not per pod of the cluster.
-        self._released: dict[str, tuple[AppKey, float]] = {}  # gate removals dispatched
-        self._deleted: dict[str, tuple[AppKey, float]] = {}  # deletes that succeeded
-        # The loop thread's own (apply): app -> (the cache's view, the uids released and deleted applied
-        # to it, the expected view), so that a step while thousands of removals are unseen does not copy
-        # each record again (bench/gates.py: 42 % of the allocator's time went to those copies).
-        self._views: dict[AppKey, tuple[AppView, frozenset[str], frozenset[str], AppView]] = {}
+        # Per kind (RELEASED: gate removals dispatched, DELETED: deletes that succeeded), uid -> (its app,
+        # when the write was made), oldest first: expiry pops from the front.
+        self._writes: tuple[dict[str, tuple[AppKey, float]], ...] = ({}, {})
+        # Per app with writes not seen: [version, uids released, uids deleted, their frozen copy or None].
+        # A step costs per app with unseen writes and per write that changed, not per pod nor per write.
+        self._apps: dict[AppKey, list[Any]] = {}
+        self._version = 0
+        # The loop thread's own (apply): app -> (the version applied, the cache's view, the expected view),
+        # so that a step while thousands of removals are unseen does not copy each record again
+        # (bench/gates.py: 42 % of the allocator's time went to those copies).
+        self._views: dict[AppKey, tuple[int, AppView, AppView]] = {}
 
     def released(self, pods: Iterable[tuple[AppKey, str]]) -> None:
         """Gate removals dispatched: (app, uid) each."""
         now = self.monotonic()
         with self._lock:
             for app, uid in pods:
-                self._released.pop(uid, None)
-                self._released[uid] = (app, now)
+                self._add(RELEASED, app, uid, now)
 
     def deleted(self, app: AppKey, uid: str) -> None:
+        now = self.monotonic()
         with self._lock:
-            self._deleted.pop(uid, None)
-            self._deleted[uid] = (app, self.monotonic())
+            self._add(DELETED, app, uid, now)
 
     def failed(self, uids: Iterable[str]) -> None:
         """Gate removals that did not happen: the pods are gated, not in flight."""
         with self._lock:
             for uid in uids:
-                self._released.pop(uid, None)
+                self._remove(RELEASED, uid)
 
     def observe(self, old: PodRecord | None, new: PodRecord | None) -> None:
         """A pod record changed in the cache (new None: the pod is gone)."""
@@ -73,9 +79,31 @@ class Expectations:
         assert record is not None
         with self._lock:
             if new is None or not new.gated:
-                self._released.pop(record.uid, None)
+                self._remove(RELEASED, record.uid)
             if new is None or new.deleting:
-                self._deleted.pop(record.uid, None)
+                self._remove(DELETED, record.uid)
+
+    def _add(self, kind: int, app: AppKey, uid: str, now: float) -> None:
+        self._remove(kind, uid)
+        self._writes[kind][uid] = (app, now)
+        entry = self._apps.setdefault(app, [0, set(), set(), None])
+        entry[1 + kind].add(uid)
+        self._changed(entry)
+
+    def _remove(self, kind: int, uid: str) -> None:
+        found = self._writes[kind].pop(uid, None)
+        if found is None:
+            return
+        entry = self._apps[found[0]]
+        entry[1 + kind].discard(uid)
+        if entry[1] or entry[2]:
+            self._changed(entry)
+        else:
+            del self._apps[found[0]]
+
+    def _changed(self, entry: list[Any]) -> None:
+        self._version += 1
+        entry[0], entry[3] = self._version, None
 
     def pending(self) -> Pending:
         """The writes not seen yet, after dropping the expired ones. Take them *before* the cache's snapshot
@@ -83,17 +111,19 @@ class Expectations:
         before it would then show the pod as it was, with nothing to correct it (the pod released again).
         One taken before may name a write the snapshot already shows: applying it changes nothing."""
         now = self.monotonic()
-        by_app: dict[AppKey, tuple[set[str], set[str]]] = {}
         with self._lock:
-            for index, table in enumerate((self._released, self._deleted)):
+            for kind, table in enumerate(self._writes):
                 while table:
                     uid, (_, at) = next(iter(table.items()))
                     if now - at <= self.expiry:
                         break
-                    del table[uid]
-                for uid, (app, _) in table.items():
-                    by_app.setdefault(app, (set(), set()))[index].add(uid)
-        return Pending({app: (frozenset(r), frozenset(d)) for app, (r, d) in by_app.items()})
+                    self._remove(kind, uid)
+            by_app = {}
+            for app, entry in self._apps.items():
+                if entry[3] is None:
+                    entry[3] = (entry[0], frozenset(entry[1]), frozenset(entry[2]))
+                by_app[app] = entry[3]
+        return Pending(by_app)
 
     def apply(self, snapshot: Snapshot, pending: Pending) -> Snapshot:
         """The snapshot with the expected changes made (`pending` taken before it). An app's expected view
@@ -105,23 +135,23 @@ class Expectations:
             return snapshot
         changed: dict[AppKey, AppView] = {}
         in_flight = Counter(snapshot.in_flight_by_namespace())
-        for key, (released, deleted) in pending.by_app.items():
+        for key, (version, released, deleted) in pending.by_app.items():
             view = snapshot.apps.get(key)
             if view is None:
                 continue
             entry = known.get(key)
-            if entry is None or entry[0] is not view or entry[1] != released or entry[2] != deleted:
+            if entry is None or entry[0] != version or entry[1] is not view:
                 copies = tuple(_expected(p, released, deleted) for p in view.pods)
                 expected = (
                     view
                     if all(c is p for c, p in zip(copies, view.pods, strict=True))
                     else AppView(view.key, copies, view.driver, view.driver_seen, view.config_maps)
                 )
-                entry = (view, released, deleted, expected)
+                entry = (version, view, expected)
             self._views[key] = entry
-            if entry[3] is not view:
-                changed[key] = entry[3]
-                in_flight[key.namespace] += entry[3].counts.in_flight - view.counts.in_flight
+            if entry[2] is not view:
+                changed[key] = entry[2]
+                in_flight[key.namespace] += entry[2].counts.in_flight - view.counts.in_flight
         if not changed:
             return snapshot
         # The changed views over the snapshot's, no copy of every app's (a ChainMap writes only to its first
@@ -131,7 +161,7 @@ class Expectations:
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._released) + len(self._deleted)
+            return sum(len(table) for table in self._writes)
 
 
 def _expected(pod: PodRecord, released: frozenset[str], deleted: frozenset[str]) -> PodRecord:
