@@ -2,6 +2,7 @@
 
 Every watch event names the apps it touched and adds them to the work queue; the loop takes them at once
 (a freed slot is refilled within milliseconds), again for an app when its batch delay ends (requeue-after),
+for an app held by a namespace or the cluster budget as soon as pods of other apps leave flight (`_wake`),
 and, every `tick`, every app that has gated pods (the rest of the time-based conditions). A step's work is
 per app taken (at most `step_apps` of them), whatever the cluster's size: the snapshot, the expectations and
 the budgets are kept up to date per changed app, and the gauges are computed when Prometheus scrapes
@@ -18,8 +19,8 @@ Threading model (the parts are assembled in allocator/commands.py):
 - reflector threads (one per watch) write the Cache (its lock) and, after releasing it, call the
   Controller's `on_gone` (its `_gone_lock`), the pod observers (Expectations, BindTimes: their own locks)
   and `on_change`, which adds apps to the WorkQueue (its lock);
-- the loop thread (this module's `run`) is the only one that decides: it owns `memory`, `settings` and the
-  registry; it changes `memory` and `settings` under `_published` (HTTP threads copy them under it) and
+- the loop thread (this module's `run`) is the only one that decides: it owns `memory`, `settings`, the
+  registry and the apps held by a shared budget (`_waiting`, `_last_in_flight`); it changes `memory` and `settings` under `_published` (HTTP threads copy them under it) and
   publishes `ended` (the registry's ended apps, read by actor and HTTP threads) by replacing the dict; it
   reads the Cache, Expectations and HistoryStore, writes the HistoryStore and flushes it (API calls, no
   lock held);
@@ -125,7 +126,7 @@ class Controller:
         self.lost_lease = threading.Event()
         self._gone_lock = threading.Lock()
         self._gone: list[tuple[PodRecord, bool, float]] = []
-        # Owned by the loop thread; published by replacing the dicts (HTTP threads read them).
+        # Owned by the loop thread; changed under `_published`, which readers (HTTP threads) copy them under.
         self._published = threading.Lock()  # memory and settings: changed by the loop, copied by readers
         self.memory: dict[AppKey, AppMemory] = {}
         self.settings: dict[AppKey, AppSettings] = {}
