@@ -34,8 +34,8 @@ of the first loop step after its last event, arrival and teardown; the peak and 
 excluded), the loop's steps (`Controller.step` wrapped: `time.thread_time()` CPU, the step's own cost, and
 wall, which includes waiting for the GIL; p50 / p99 / max; keys per step; the tick's steps apart), the
 allocator's `/metrics` scrape at the peak through its real HTTP endpoint (allocator/http.py), and the
-memory replica "b" holds at the peak once it has decided every app: tracemalloc's traced bytes, traced
-from before it is assembled (the stand-in's allocations in that window are transient: the listed lines).
+memory replica "b" holds at the peak once it has decided every app (up to --trace-up-to pods):
+tracemalloc's traced bytes, traced from before it is assembled (the stand-in's allocations in that window are transient: the listed lines).
 Up to CLASSIFIED_PODS, a snapshot also splits them by owner, each trace by its innermost frame of
 allocator/, sparkgate/ or prometheus_client, or of this file (the stand-in), with the part its
 reflectors' lists parsed apart.
@@ -50,7 +50,7 @@ server keeps the pod released once.
 Targets (issue 19): >= 10,000 events/s; p99 step <= 5 ms; <= 1 KB per tracked pod; scrape <= 200 ms at
 100,000 pods; the per-event cost does not grow with the cluster.
 
-    python -m bench.scale [--sizes 1000 10000 100000] [--smoke] [--no-memory] [--profile FILE]
+    python -m bench.scale [--sizes 1000 10000 100000] [--smoke] [--trace-up-to PODS] [--profile FILE]
 """
 
 from __future__ import annotations
@@ -146,7 +146,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--apps-per-namespace", type=int, default=25)
     parser.add_argument("--spark-batch", type=int, default=10, help="executors a driver creates per turn")
     parser.add_argument("--turns", type=int, default=50, help="turns over which the apps arrive (and end)")
-    parser.add_argument("--no-memory", action="store_true", help="no tracemalloc at the hand-over")
+    parser.add_argument(
+        "--trace-up-to",
+        type=int,
+        default=10_000,
+        help="pods up to which the hand-over is traced (tracemalloc): the replica that lists 100,000 pods "
+        "keeps every listed object alive (docs/performance.md), which tracing takes longer than the run; 0: never",
+    )
     parser.add_argument(
         "--profile", type=Path, help="cProfile the loop thread of the timed pass; write pstats here"
     )
@@ -1071,12 +1077,13 @@ def measure(template: Template, policy: Policy, pods: int, args: argparse.Namesp
     finally:
         stop(a)
     memory: dict[str, Any] = {}
+    trace_off = pods > args.trace_up_to
     gc.collect()
-    if not args.no_memory:
+    if not trace_off:
         tracemalloc.start(TRACE_FRAMES)
     try:
         b = start(cluster, spark, policy, "b", http=False, profiler=profiler)
-        if not args.no_memory:
+        if not trace_off:
             b.steps.wait(lambda: any(b.steps.tick), "the new leader's first decision of every app")
             gc.collect()
             traced, _ = tracemalloc.get_traced_memory()
