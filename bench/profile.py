@@ -120,7 +120,7 @@ def profile_scale(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="sparkgate-profile-") as tmp:
         path = Path(tmp) / "loop.pstats"
         options = common.parser_for(scale, None).parse_args(
-            ["--sizes", str(args.pods), "--no-memory", "--profile", str(path)]
+            ["--sizes", str(args.pods), "--trace-up-to", "0", "--profile", str(path)]
         )
         size = scale.run(options)["sizes"][0]
         stats = pstats.Stats(str(path))

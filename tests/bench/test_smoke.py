@@ -140,7 +140,8 @@ def test_scale(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
         assert 0 < size["scrape"]["ms"]["p50"] <= size["scrape"]["ms"]["max"]
         memory = size["memory"]
         assert memory["tracked_pods"] == pods and positive(memory["bytes_per_pod"])
-        assert memory["bytes_at_peak"] > memory["bytes_before_first_event"] > 0
+        owners = memory["by_owner"]  # smoke sizes are small enough to split the traced memory by owner
+        assert owners["allocator"] >= owners["list"] > 0 and owners["stand-in"] < owners["allocator"]
 
 
 def test_refill(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
