@@ -16,13 +16,16 @@ API conventions (https://kubernetes.io/docs/reference/using-api/api-concepts/#wa
 - selectors: like the watch cache (`cacheWatcher.convertToWatchEvent`), an object that starts matching
   arrives as ADDED and one that stops matching as DELETED, so a watcher's view stays consistent.
 
-Threading: `offer` runs in the writing thread under the store lock and appends to `_queue` and sets
-`_latest`; the watcher's own thread (the HTTP handler serving the watch) pops `_queue` and owns `_cursor`.
+Threading: `offer` runs in the writing thread under the store lock: it appends to `_queue`, sets `_latest`
+and `_woken`; the watcher's own thread (the HTTP handler serving the watch) pops `_queue`, clears `_woken`
+before it waits, and owns `_cursor`.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -109,7 +112,10 @@ class Watch:
         self._queue: collections.deque[Delivery | Expired] = collections.deque(
             (cursor, "ADDED", o) for o in initial
         )
-        self._signal = threading.Event()  # set when the queue grew or the watch closed
+        # A wake-up token when the queue grows while the watcher may wait, and at close: SimpleQueue's put
+        # never blocks, where Event.set takes the waiter's lock (under the store lock, at every commit).
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._woken = False
         self._closed = threading.Event()
         for event in backlog:
             if event.resource == resource:
@@ -141,17 +147,23 @@ class Watch:
             if len(self._queue) < self._window:
                 self._queue.append((event.rv, kind, event.obj))
                 self._latest = event.rv
-                self._signal.set()
+                self._notify()
                 return True
             event = Expired(event.rv - self._window + 1)
         self._queue.append(event)
-        self._signal.set()
+        self._notify()
         return False
+
+    def _notify(self) -> None:
+        # After the append: a watcher that cleared `_woken` checks the queue after clearing it.
+        if not self._woken:
+            self._woken = True
+            self._wake.put(None)
 
     def close(self) -> None:
         """Nothing more is returned (an event still queued is dropped, as with a broken connection)."""
         self._closed.set()
-        self._signal.set()
+        self._wake.put(None)
         self._unregister(self)
 
     def next(self, timeout: float) -> tuple[str, Obj] | None:
@@ -165,13 +177,14 @@ class Watch:
                     return "ERROR", error.status()
                 self._cursor, kind, obj = item
                 return kind, obj
-            self._signal.clear()
+            self._woken = False
             if self._queue or self._closed.is_set():  # came between the check and the clear
                 continue
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            self._signal.wait(left)
+            with contextlib.suppress(queue.Empty):
+                self._wake.get(timeout=left)  # a token may be stale: the loop checks again
         return None
 
     def __iter__(self) -> Iterator[tuple[str, Obj]]:
