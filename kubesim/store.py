@@ -119,6 +119,7 @@ class Store:
         self._listeners: list[Listener] = []
         self._dispatched = 1
         self._dispatch_lock = threading.Lock()
+        # The open watches of each resource, under the lock (the committing thread offers them each event).
         self._watchers: dict[str, builtins.list[Watch]] = collections.defaultdict(builtins.list)
 
     # --- reading -----------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ before each attempt; a copy can be both (`kube.gated(leading).limited(wait)`): t
 first, then leadership is asked, so a lapse during the wait is caught.
 
 Threading: a `Kube` is shared by every thread (urllib3's pool is thread-safe; its own fields never change
-after construction). A `Reflector` runs in its own thread and owns its resourceVersion and backoff.
+after construction but `_auth`, the cached authentication headers, which any thread replaces whole). A
+`Reflector` runs in its own thread and owns its resourceVersion and backoff.
 """
 
 from __future__ import annotations
