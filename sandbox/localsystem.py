@@ -7,9 +7,9 @@
 
 The gate is protected as the base install protects it, by the ValidatingAdmissionPolicies of
 manifests/base/gate-policy.yaml (read from the repository), whose match conditions skip the allocator's own
-updates: a gate removal costs no admission call. The validating webhook of components/validating-webhook
-(clusters older than 1.30, `webhook_configurations`' second) called the webhook at every release, ~15 % of
-the roomy demo's fill time.
+updates: a gate removal costs no admission call. `gate_protection="webhook"` registers the validating
+webhook of components/validating-webhook instead (clusters older than 1.30, `webhook_configurations`'
+second), which is called at every release (~15 % of the roomy demo's fill time).
 
 `LocalSystem(..., sparkgate=False)` is the same cluster with nothing installed: the baseline.
 `LocalSystem(..., admission="policy")` installs sparkgate without the webhook, as
@@ -195,6 +195,7 @@ class LocalSystem:
         allocator_tick: float = 0.5,
         allocator_log_level: str = "info",
         admission: str = "webhook",
+        gate_protection: str = "policy",
         **cluster_options: Any,
     ) -> None:
         self.policy = policy
@@ -204,6 +205,7 @@ class LocalSystem:
         self.allocator_tick = allocator_tick
         self.allocator_log_level = allocator_log_level
         self.admission = admission
+        self.gate_protection = gate_protection
         self.cluster = Cluster(**cluster_options)
         self.webhook: LocalWebhook | None = None
         self.allocator: AllocatorProcess | None = None
@@ -233,11 +235,14 @@ class LocalSystem:
                     self.policy, self.workdir / "webhook", allocator_users=(contract.ALLOCATOR_USER,)
                 )
                 self.webhook.start()
-                mutating, _ = webhook_configurations(self.webhook.url, self.webhook.ca_pem)
+                mutating, validating = webhook_configurations(self.webhook.url, self.webhook.ca_pem)
                 self.cluster.store.create("mutatingwebhookconfigurations", mutating)
-                for document in yaml.safe_load_all(GATE_POLICY.read_text()):
-                    resource = f"{document['kind'].lower()}s".replace("policys", "policies")
-                    self.cluster.store.create(resource, document)
+                if self.gate_protection == "webhook":
+                    self.cluster.store.create("validatingwebhookconfigurations", validating)
+                else:
+                    for document in yaml.safe_load_all(GATE_POLICY.read_text()):
+                        resource = f"{document['kind'].lower()}s".replace("policys", "policies")
+                        self.cluster.store.create(resource, document)
                 self.allocator = AllocatorProcess(
                     self.cluster,
                     self.policy,
