@@ -221,11 +221,9 @@ class Kube:
         content_type: str | None = None,
         retry: bool = True,
         timeout: float | None = None,
-        decode: bool = True,
     ) -> Any:
-        """The decoded JSON answer (None with `decode=False`: a caller that only needs the write accepted
-        skips parsing the object the API server sends back); KubeError subclasses on failure (after retries
-        for transient ones). `timeout`: of each attempt, in seconds (default: the client's)."""
+        """The decoded JSON answer; KubeError subclasses on failure (after retries for transient ones).
+        `timeout`: of each attempt, in seconds (default: the client's)."""
         verb = _verb(method, query, path)
         resource = resource_of(path)
         attempt = 0
@@ -242,7 +240,7 @@ class Kube:
                 data = response.read()
                 if 200 <= status < 300:
                     self._count(verb, resource, status)
-                    return json.loads(data) if data and decode else None
+                    return json.loads(data) if data else None
                 error = _error(status, data)
                 if status == 401:
                     self._auth = None
