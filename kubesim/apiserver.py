@@ -122,8 +122,7 @@ class ApiServer:
     def stop(self) -> None:
         self._stopping.set()
         self.faults.resume()
-        with self.store.changed:
-            self.store.changed.notify_all()
+        self.store.close_watches()
         self._http.shutdown()
         self._http.server_close()
         if self._thread is not None:

@@ -211,14 +211,73 @@ class Failed:
         self.message = f'composited variable "{name}" fails to evaluate: {why}'
 
 
+_UNREAD = object()
+
+
+class _LazyMap(celtypes.MapType):
+    """A JSON object as a CEL map whose values are converted when first read. An admission request's
+    documents are whole pods, and most expressions read a few fields of them (a webhook's matchCondition
+    often none past `request.dryRun`): converting every value up front cost ~1 ms a pod, kubesim's own
+    cost that cel-go, reading the object in place, does not have. Keys are all there, so `in`, `has()`,
+    `size()` and iteration see the whole object; reading values through `items()`, `values()`, `get()` or
+    `==` converts the rest first."""
+
+    def __init__(self, raw: Mapping[str, Any]) -> None:
+        super().__init__()
+        dict.update(self, {celtypes.StringType(k): _UNREAD for k in raw})
+        self._raw = raw
+
+    def __getitem__(self, key: Any) -> Any:
+        value = super().__getitem__(key)
+        if value is _UNREAD:
+            value = _to_cel(self._raw[str(key)])
+            dict.__setitem__(self, key, value)
+        return value
+
+    def _read_all(self) -> _LazyMap:
+        for key in [k for k, v in dict.items(self) if v is _UNREAD]:
+            self[key]
+        return self
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if key in self:
+            return self[key]
+        return default
+
+    def items(self) -> Any:
+        return dict.items(self._read_all())
+
+    def values(self) -> Any:
+        return dict.values(self._read_all())
+
+    def __eq__(self, other: Any) -> bool:
+        if isinstance(other, _LazyMap):
+            other._read_all()
+        return super(_LazyMap, self._read_all()).__eq__(other)
+
+    def __ne__(self, other: Any) -> bool:
+        return not self == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"MapType({dict.__repr__(self._read_all())})"
+
+
 def _to_cel(value: Any) -> Any:
-    if isinstance(value, dict) and any(isinstance(v, Failed) for v in value.values()):
-        return celtypes.MapType(
-            {
-                celtypes.StringType(k): CELEvalError(v.message) if isinstance(v, Failed) else json_to_cel(v)
-                for k, v in value.items()
-            }
-        )
+    """A JSON document (with `Failed` policy variables) as CEL values; objects are `_LazyMap`s."""
+    kind = type(value)
+    if kind is dict:
+        if any(isinstance(v, Failed) for v in value.values()):
+            return celtypes.MapType(
+                {
+                    celtypes.StringType(k): CELEvalError(v.message) if isinstance(v, Failed) else _to_cel(v)
+                    for k, v in value.items()
+                }
+            )
+        return _LazyMap(value)
+    if kind is list:
+        return celtypes.ListType([_to_cel(v) for v in value])
     return json_to_cel(value)
 
 

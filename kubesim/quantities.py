@@ -1,7 +1,12 @@
-"""Kubernetes resource quantities (`500m`, `2`, `1Gi`, `512M`) as integers: CPU in millicores, memory in bytes."""
+"""Kubernetes resource quantities (`500m`, `2`, `1Gi`, `512M`) as integers: CPU in millicores, memory in bytes.
+
+The scheduler sums every bound pod's requests at each attempt and a cluster's pods carry a handful of distinct
+quantities, so the conversions are memoized (pure functions of their text; a malformed one is not cached
+and raises each time)."""
 
 from __future__ import annotations
 
+import functools
 from decimal import Decimal, InvalidOperation
 
 _SUFFIXES: dict[str, int | Decimal] = {
@@ -25,9 +30,11 @@ def parse(quantity: str | int | float) -> Decimal:
         raise ValueError(f"quantities must match the regular expression: {quantity!r}") from None
 
 
+@functools.lru_cache(maxsize=4096, typed=True)
 def cpu_millis(quantity: str | int | float) -> int:
     return int((parse(quantity) * 1000).to_integral_value(rounding="ROUND_CEILING"))
 
 
+@functools.lru_cache(maxsize=4096, typed=True)
 def memory_bytes(quantity: str | int | float) -> int:
     return int(parse(quantity).to_integral_value(rounding="ROUND_CEILING"))

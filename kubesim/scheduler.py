@@ -220,6 +220,10 @@ class Scheduler:
         self._unsubscribe: Callable[[], None] | None = None
         self._nodes: dict[str, Obj] = {}
         self._allocatable: dict[str, tuple[int, int]] = {}
+        # Each pod's (cpu, memory) requests by uid, computed once as the real scheduler's PodInfo does (a
+        # pod's resources cannot change: podrules.check_update); forgotten when the pod is deleted. Written
+        # by the scheduler thread, popped by the store's dispatching thread.
+        self._requests: dict[str, tuple[int, int]] = {}
 
     def start(self) -> None:
         self._unsubscribe = self.store.subscribe(self._on_event)
@@ -256,6 +260,8 @@ class Scheduler:
             else:
                 self._queue.pop(key, None)
                 self._unschedulable.pop(key, None)
+            if kind == "DELETED":
+                self._requests.pop(obj["metadata"].get("uid", ""), None)
             if kind == "DELETED" or not live(obj) or key in self._queue:
                 self._wake.set()
         elif resource == "nodes":
@@ -300,9 +306,16 @@ class Scheduler:
                 self.binds += 1
                 self._queue.pop(key, None)
                 self._unschedulable.pop(key, None)
-                cpu, mem = pod_requests(pod)
+                cpu, mem = self._requests_of(pod)
                 c, m, n = free[node]
                 free[node] = (c - cpu, m - mem, n - 1)
+
+    def _requests_of(self, pod: Obj) -> tuple[int, int]:
+        uid = pod["metadata"].get("uid", "")
+        requests = self._requests.get(uid)
+        if requests is None:
+            requests = self._requests[uid] = pod_requests(pod)
+        return requests
 
     def _free_capacity(self) -> dict[str, tuple[int, int, int]]:
         nodes, _, _ = self.store.list_objects("nodes")
@@ -319,7 +332,7 @@ class Scheduler:
         for pod in pods:
             name = (pod.get("spec") or {}).get("nodeName")
             if name in free and live(pod):
-                cpu, mem = pod_requests(pod)
+                cpu, mem = self._requests_of(pod)
                 c, m, n = free[name]
                 free[name] = (c - cpu, m - mem, n - 1)
         self._nodes = {n["metadata"]["name"]: n for n in sorted(nodes, key=lambda n: n["metadata"]["name"])}
@@ -333,7 +346,7 @@ class Scheduler:
         selector = (pod.get("spec") or {}).get("nodeSelector") or {}
         if any(labels.get(k) != v for k, v in selector.items()):
             return "node(s) didn't match Pod's node affinity/selector", UNRESOLVABLE
-        cpu, mem = pod_requests(pod)
+        cpu, mem = self._requests_of(pod)
         c, m, n = room
         reasons = [
             text
@@ -422,7 +435,7 @@ class Scheduler:
     def _least_allocated(self, pod: Obj, name: str, room: tuple[int, int, int]) -> int:
         """NodeResourcesFit's default LeastAllocated score, CPU and memory weighted 1 each."""
         alloc = self._allocatable[name]
-        cpu, mem = pod_requests(pod)
+        cpu, mem = self._requests_of(pod)
         total = 0
         for free_now, capacity, request in ((room[0], alloc[0], cpu), (room[1], alloc[1], mem)):
             if capacity <= 0:

@@ -52,7 +52,7 @@ from .resources import RESOURCES, Resource
 from .selectors import field_selector, label_selector
 from .strategic import strategic_merge
 from .validation import check_object
-from .watching import Watch, matcher
+from .watching import Expired, Watch, matcher
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace or "", name)
@@ -111,7 +111,6 @@ class Store:
         self.admit = admit
         self.validate = validate
         self._lock = threading.RLock()
-        self.changed = threading.Condition(self._lock)
         self._objects: dict[str, dict[Key, Obj]] = {plural: {} for plural in RESOURCES}
         self._rv = 1
         self._log: collections.deque[Event] = collections.deque(maxlen=compaction_window)
@@ -120,6 +119,8 @@ class Store:
         self._listeners: list[Listener] = []
         self._dispatched = 1
         self._dispatch_lock = threading.Lock()
+        # The open watches of each resource, under the lock (the committing thread offers them each event).
+        self._watchers: dict[str, builtins.list[Watch]] = collections.defaultdict(builtins.list)
 
     # --- reading -----------------------------------------------------------------------------------
 
@@ -219,7 +220,42 @@ class Store:
             matches = matcher(namespace, label_selector, field_selector, name)
         except ValueError as e:
             raise bad_request(str(e)) from None
-        return Watch(self, resource, namespace, resource_version=resource_version, matches=matches)
+        initial: builtins.list[Obj] = []
+        backlog: builtins.list[Event] = []
+        with self._lock:
+            if resource_version in (None, "", "0"):
+                items, cursor, _ = self.list_objects(resource, namespace)
+                initial = [o for o in items if matches(o)]
+            else:
+                try:
+                    cursor = int(str(resource_version))
+                except ValueError:
+                    raise bad_request(f'invalid resource version "{resource_version}"') from None
+                backlog = self._events_after(cursor)  # 410 at connect when too old
+            stream = Watch(
+                resource,
+                cursor,
+                matches,
+                initial=initial,
+                backlog=backlog,
+                window=self._log.maxlen or 0,
+                unregister=self._unregister,
+            )
+            self._watchers[resource].append(stream)
+        return stream
+
+    def _unregister(self, stream: Watch) -> None:
+        with self._lock:
+            watchers = self._watchers[stream.resource]
+            if stream in watchers:
+                watchers.remove(stream)
+
+    def close_watches(self) -> None:
+        """End every open watch (the API server stops)."""
+        with self._lock:
+            streams = [w for watchers in self._watchers.values() for w in watchers]
+        for stream in streams:
+            stream.close()
 
     def events_after(self, rv: int) -> builtins.list[Event]:
         """Events with resourceVersion > rv; ApiError 410 when some of them were compacted away."""
@@ -242,7 +278,10 @@ class Store:
             self._rv += 1  # the compaction's own revision: a list now returns a version still served
             self._floor = self._rv + 1
             self._log.clear()
-            self.changed.notify_all()
+            for watchers in self._watchers.values():
+                for stream in watchers:
+                    stream.offer(Expired(self._floor))
+                watchers.clear()
         self._dispatch()
 
     # --- in-process listeners -------------------------------------------------------------------------
@@ -298,9 +337,12 @@ class Store:
             obj["metadata"]["resourceVersion"] = str(self._rv)
             self._objects[resource][key] = obj
             stored = obj
-        self._log.append(Event(self._rv, event_type, resource, stored, old))
+        event = Event(self._rv, event_type, resource, stored, old)
+        self._log.append(event)
         self._floor = self._log[0].rv
-        self.changed.notify_all()
+        watchers = self._watchers.get(resource)
+        if watchers:
+            self._watchers[resource] = [w for w in watchers if w.offer(event)]
         if resource == "pods":
             self._refresh_quotas(key[0])
         return stored

@@ -1,29 +1,41 @@
 """One watcher of kubesim's store: the events a client of `?watch=true` sees, in resourceVersion order.
 
-The store keeps one global ordered event log; a watcher is a cursor into it plus a filter, so every
-watcher sees every change in the same order and a slow watcher costs nothing to the others. What a watcher
-sees follows the API conventions (https://kubernetes.io/docs/reference/using-api/api-concepts/#watches):
+The store keeps one global ordered event log for watches that start from a resourceVersion, and registers
+each open watcher: every committed event of the watched resource is offered to each watcher of that resource
+under the store lock, in order, as the watch cache's `dispatchEvent` hands each event to every
+`cacheWatcher` (staging/src/k8s.io/apiserver/pkg/storage/cacher/cacher.go). The watcher's filter decides
+there and then; only an event it sees is queued and wakes it. So a watcher never takes the store lock to wait
+or to read, and a change wakes only the watchers that deliver it (with one lock for every watcher, each
+commit woke them all and they queued on the lock that every request needs). What a watcher sees follows the
+API conventions (https://kubernetes.io/docs/reference/using-api/api-concepts/#watches):
 
 - no resourceVersion, or "0": synthetic ADDED events for the current state first, then the changes;
 - a resourceVersion: the changes after it, or 410 Expired at connect when it was compacted away;
-- compaction while watching: one ERROR event carrying a 410 Expired Status, then the watch ends;
+- compaction while watching, or more than the store's compaction window of events queued and not read:
+  one ERROR event carrying a 410 Expired Status, then the watch ends;
 - selectors: like the watch cache (`cacheWatcher.convertToWatchEvent`), an object that starts matching
   arrives as ADDED and one that stops matching as DELETED, so a watcher's view stays consistent.
+
+Threading: `offer` runs in the writing thread under the store lock: it appends to `_queue`, sets `_latest`
+and `_woken`; the watcher's own thread (the HTTP handler serving the watch) pops `_queue`, clears `_woken`
+before it waits, and owns `_cursor`.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .errors import ApiError
+from .errors import expired
 from .selectors import field_selector, label_selector
 
 if TYPE_CHECKING:
-    from .store import Event, Store
+    from .store import Event
 
 Obj = dict[str, Any]
 Matcher = Callable[[Obj | None], bool]
@@ -65,77 +77,118 @@ def seen_as(event: Event, matches: Matcher) -> str | None:
     return "DELETED" if was_in else None
 
 
+class Expired:
+    """The inbox's last entry when the watcher fell out of the store's history (compaction, or too far
+    behind): an ERROR event carrying 410 Expired, then the end."""
+
+    def __init__(self, oldest: int) -> None:
+        self.oldest = oldest  # the oldest resourceVersion the store could still serve
+
+
+Delivery = tuple[int, str, Obj]  # (resourceVersion, the type this watcher sees, the object)
+
+
 class Watch:
-    """Iterate (event_type, obj); `next(timeout)` returns None when nothing came in time or it is closed."""
+    """Iterate (event_type, obj); `next(timeout)` returns None when nothing came in time or it is closed.
+    Made by `Store.watch`, which registers it and offers it every later event of its resource."""
 
     def __init__(
         self,
-        store: Store,
         resource: str,
-        namespace: str | None,
-        *,
-        resource_version: str | None,
+        cursor: int,
         matches: Matcher,
+        *,
+        initial: list[Obj],
+        backlog: list[Event],
+        window: int,
+        unregister: Callable[[Watch], None],
     ) -> None:
-        self._store = store
-        self._resource = resource
+        self.resource = resource
         self._matches = matches
-        self._pending: collections.deque[tuple[str, Obj]] = collections.deque()
+        self._cursor = cursor  # the resourceVersion of the last event returned (of the list, at first)
+        self._latest = cursor  # the resourceVersion of the last event offered, seen or not
+        self._window = window
+        self._unregister = unregister
+        self._queue: collections.deque[Delivery | Expired] = collections.deque(
+            (cursor, "ADDED", o) for o in initial
+        )
+        # A wake-up token when the queue grows while the watcher may wait, and at close: SimpleQueue's put
+        # never blocks, where Event.set takes the waiter's lock (under the store lock, at every commit).
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._woken = False
         self._closed = threading.Event()
-        with store.changed:
-            if resource_version in (None, "", "0"):
-                items, rv, _ = store.list_objects(resource, namespace)
-                self._cursor = rv
-                self._pending.extend(("ADDED", o) for o in items if matches(o))
-            else:
-                try:
-                    self._cursor = int(str(resource_version))
-                except ValueError:
-                    raise ApiError(
-                        400, "BadRequest", f'invalid resource version "{resource_version}"'
-                    ) from None
-                store.events_after(self._cursor)  # 410 at connect when too old
+        for event in backlog:
+            if event.resource == resource:
+                self.offer(event)
 
     @property
     def resource_version(self) -> str:
-        """The version this watcher has seen up to: what a BOOKMARK carries."""
-        return str(self._cursor)
+        """The version this watcher has seen up to, what a BOOKMARK carries (read by the watcher's thread):
+        just before its first unread event, else the latest offered, past the events it does not see."""
+        latest = self._latest  # read before the queue: an event offered meanwhile is queued first
+        if self._queue:
+            head = self._queue[0]
+            return str(self._cursor if isinstance(head, Expired) else head[0] - 1)
+        return str(max(self._cursor, latest))
 
     @property
     def closed(self) -> bool:
         return self._closed.is_set()
 
+    def offer(self, event: Event | Expired) -> bool:
+        """The store, under its lock: one more event of this resource (or the end of its history). Only an
+        event this watcher sees is queued and wakes it. False when the watcher leaves the store's list: it
+        expired (compacted away, or `window` events not yet read)."""
+        if not isinstance(event, Expired):
+            kind = seen_as(event, self._matches)
+            if kind is None:
+                self._latest = event.rv
+                return True
+            if len(self._queue) < self._window:
+                self._queue.append((event.rv, kind, event.obj))
+                self._latest = event.rv
+                self._notify()
+                return True
+            event = Expired(event.rv - self._window + 1)
+        self._queue.append(event)
+        self._notify()
+        return False
+
+    def _notify(self) -> None:
+        # After the append: a watcher that cleared `_woken` checks the queue after clearing it.
+        if not self._woken:
+            self._woken = True
+            self._wake.put(None)
+
     def close(self) -> None:
+        """Nothing more is returned (an event still queued is dropped, as with a broken connection)."""
         self._closed.set()
-        with self._store.changed:
-            self._store.changed.notify_all()
+        self._wake.put(None)
+        self._unregister(self)
 
     def next(self, timeout: float) -> tuple[str, Obj] | None:
         deadline = time.monotonic() + timeout
-        while not self._pending and not self._closed.is_set():
-            with self._store.changed:
-                try:
-                    events = self._store.events_after(self._cursor)
-                except ApiError as e:
-                    self._pending.append(("ERROR", e.status()))
-                    self._closed.set()
-                    break
-                if not events:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return None
-                    self._store.changed.wait(left)
-                    continue
-            for event in events:
-                self._cursor = event.rv
-                if event.resource == self._resource:
-                    kind = seen_as(event, self._matches)
-                    if kind is not None:
-                        self._pending.append((kind, event.obj))
-        return self._pending.popleft() if self._pending else None
+        while not self._closed.is_set():
+            if self._queue:
+                item = self._queue.popleft()
+                if isinstance(item, Expired):
+                    self.close()
+                    error = expired(f"too old resource version: {self._cursor} ({item.oldest - 1})")
+                    return "ERROR", error.status()
+                self._cursor, kind, obj = item
+                return kind, obj
+            self._woken = False
+            if self._queue or self._closed.is_set():  # came between the check and the clear
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            with contextlib.suppress(queue.Empty):
+                self._wake.get(timeout=left)  # a token may be stale: the loop checks again
+        return None
 
     def __iter__(self) -> Iterator[tuple[str, Obj]]:
-        while not (self._closed.is_set() and not self._pending):
+        while not self._closed.is_set():
             item = self.next(1.0)
             if item is not None:
                 yield item

@@ -5,6 +5,12 @@
         system.webhook        # the real `sparkgate webhook` (gunicorn, TLS), registered as the manifests do
         system.allocator      # the real `sparkgate allocator` process, with the allocator's service account
 
+The gate is protected as the base install protects it, by the ValidatingAdmissionPolicies of
+manifests/base/gate-policy.yaml (read from the repository), whose match conditions skip the allocator's own
+updates: a gate removal costs no admission call. `gate_protection="webhook"` registers the validating
+webhook of components/validating-webhook instead (clusters older than 1.30, `webhook_configurations`'
+second), which is called at every release (~15 % of the roomy demo's fill time).
+
 `LocalSystem(..., sparkgate=False)` is the same cluster with nothing installed: the baseline.
 `LocalSystem(..., admission="policy")` installs sparkgate without the webhook, as
 manifests/components/admission-policy does: the allocator applies the MutatingAdmissionPolicy rendered from
@@ -33,12 +39,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import yaml
+
 from kubesim.cluster import Cluster
 from sandbox.local_webhook import LocalWebhook, free_port
 from sparkgate import contract
 from sparkgate.probe import MATCH_CONDITION
 
 WEBHOOK_TIMEOUT = 30  # seconds: the longest the API server allows (see the module docstring)
+GATE_POLICY = Path(__file__).resolve().parents[1] / "manifests" / "base" / "gate-policy.yaml"
 
 
 def webhook_configurations(
@@ -186,6 +195,7 @@ class LocalSystem:
         allocator_tick: float = 0.5,
         allocator_log_level: str = "info",
         admission: str = "webhook",
+        gate_protection: str = "policy",
         **cluster_options: Any,
     ) -> None:
         self.policy = policy
@@ -195,6 +205,7 @@ class LocalSystem:
         self.allocator_tick = allocator_tick
         self.allocator_log_level = allocator_log_level
         self.admission = admission
+        self.gate_protection = gate_protection
         self.cluster = Cluster(**cluster_options)
         self.webhook: LocalWebhook | None = None
         self.allocator: AllocatorProcess | None = None
@@ -226,7 +237,12 @@ class LocalSystem:
                 self.webhook.start()
                 mutating, validating = webhook_configurations(self.webhook.url, self.webhook.ca_pem)
                 self.cluster.store.create("mutatingwebhookconfigurations", mutating)
-                self.cluster.store.create("validatingwebhookconfigurations", validating)
+                if self.gate_protection == "webhook":
+                    self.cluster.store.create("validatingwebhookconfigurations", validating)
+                else:
+                    for document in yaml.safe_load_all(GATE_POLICY.read_text()):
+                        resource = f"{document['kind'].lower()}s".replace("policys", "policies")
+                        self.cluster.store.create(resource, document)
                 self.allocator = AllocatorProcess(
                     self.cluster,
                     self.policy,

@@ -84,6 +84,35 @@ def test_an_object_leaving_the_selector_is_deleted_for_that_watcher(store: Store
     assert w.next(0.01) is None
 
 
+def test_a_watcher_is_queued_only_what_it_sees_and_its_version_follows_the_rest(store: Store) -> None:
+    """The watch cache filters each event for each watcher as it dispatches it; a BOOKMARK then carries
+    the latest version, past the changes the watcher does not see, but never past one it has not read."""
+    w = store.watch(
+        "configmaps", "spark", resource_version=str(store.resource_version), label_selector="tier=x"
+    )
+    store.create("configmaps", cm("other"), namespace="spark")
+    store.create("configmaps", cm("elsewhere", tier="x"), namespace="default")
+    assert w.next(0.01) is None
+    assert w.resource_version == str(store.resource_version)
+    store.create("configmaps", cm("mine", tier="x"), namespace="spark")
+    seen_at = store.resource_version
+    store.create("configmaps", cm("later"), namespace="spark")
+    assert w.resource_version == str(seen_at - 1), "an unread event holds the version"
+    event = w.next(5)
+    assert event is not None and event[1]["metadata"]["name"] == "mine"
+    assert w.resource_version == str(store.resource_version)
+
+
+def test_a_watcher_that_reads_nothing_expires_past_the_compaction_window() -> None:
+    small = Store(compaction_window=3)
+    small.create("namespaces", {"metadata": {"name": "n"}})
+    w = small.watch("configmaps", resource_version=str(small.resource_version))
+    for i in range(4):
+        small.create("configmaps", cm(f"c{i}"), namespace="n")
+    kinds = [(w.next(1) or ("", {}))[0] for _ in range(4)]
+    assert kinds == ["ADDED", "ADDED", "ADDED", "ERROR"] and w.closed
+
+
 def test_compaction_is_410_at_connect_and_an_error_event_in_stream(store: Store) -> None:
     old = str(store.resource_version)
     w = store.watch("configmaps", resource_version=old)

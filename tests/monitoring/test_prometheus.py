@@ -298,6 +298,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, prometheus_rule: dict[str, Any
         node_cpu="4",  # 7 executors of 1 CPU beside the drivers: far fewer than the apps ask for
         node_memory="64Gi",
         bookmark_interval=0.5,
+        gate_protection="webhook",  # the admission panels show both of the webhook's endpoints
     )
     resources: list[Any] = []
     try:

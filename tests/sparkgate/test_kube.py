@@ -11,6 +11,7 @@ from kubernetes import config as k8s_config
 
 from kubesim.cluster import Cluster
 from sparkgate.kube import (
+    AUTH_REFRESH_SECONDS,
     Conflict,
     Gone,
     Invalid,
@@ -187,6 +188,40 @@ def test_the_connection_pool_is_sized_as_asked(cluster: Cluster) -> None:
     try:
         assert k.api.configuration.connection_pool_maxsize == 40
         assert k.api.rest_client.pool_manager.connection_pool_kw["maxsize"] == 40
+    finally:
+        k.close()
+
+
+def test_authentication_is_read_once_a_minute_and_again_after_a_401(cluster: Cluster) -> None:
+    """The token goes through the official client's refresh hook (what reloads a kubeconfig's or a rotated
+    service account's token) once per AUTH_REFRESH_SECONDS, as client-go reads a token file, not per
+    request; a 401 makes the next request read it again."""
+    clock = Clock()
+    k = Kube.from_kubeconfig(str(cluster.kubeconfig()), monotonic=clock)
+    good = k.api.configuration.api_key["BearerToken"]
+    token = [good]
+    reads: list[str] = []
+
+    def refresh(configuration: k8s.Configuration) -> None:
+        reads.append(token[0])
+        configuration.api_key["BearerToken"] = token[0]
+
+    k.api.configuration.refresh_api_key_hook = refresh
+    try:
+        k.list(CONFIG_MAPS)
+        k.list(CONFIG_MAPS)
+        assert reads == [good]
+        token[0] = "Bearer renewed-but-wrong"
+        clock.now += AUTH_REFRESH_SECONDS - 1
+        k.list(CONFIG_MAPS)
+        assert len(reads) == 1, "the headers of the last minute are reused"
+        clock.now += 1
+        with pytest.raises(KubeError) as refused:
+            k.list(CONFIG_MAPS)
+        assert refused.value.status == 401 and len(reads) == 2
+        token[0] = good
+        k.list(CONFIG_MAPS)
+        assert len(reads) == 3, "read again at once after the 401"
     finally:
         k.close()
 
