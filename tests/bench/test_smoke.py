@@ -141,7 +141,9 @@ def test_scale(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
         memory = size["memory"]
         assert memory["tracked_pods"] == pods and positive(memory["bytes_per_pod"])
         owners = memory["by_owner"]  # smoke sizes are small enough to split the traced memory by owner
-        assert owners["allocator"] >= owners["list"] > 0 and owners["stand-in"] < owners["allocator"]
+        # The records keep the strings their list parsed (names, uids): a part of the allocator's, not all of it
+        # (the listed objects themselves are freed once handled).
+        assert owners["allocator"] >= owners["list"] > 0 and owners["stand-in"] > 0
 
 
 def test_refill(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
