@@ -20,10 +20,10 @@ Threading model (the parts are assembled in allocator/commands.py):
   Controller's `on_gone` (its `_gone_lock`), the pod observers (Expectations, BindTimes: their own locks)
   and `on_change`, which adds apps to the WorkQueue (its lock);
 - the loop thread (this module's `run`) is the only one that decides: it owns `memory`, `settings`, the
-  registry and the apps held by a shared budget (`_waiting`, `_last_in_flight`); it changes `memory` and `settings` under `_published` (HTTP threads copy them under it) and
-  publishes `ended` (the registry's ended apps, read by actor and HTTP threads) by replacing the dict; it
-  reads the Cache, Expectations and HistoryStore, writes the HistoryStore and flushes it (API calls, no
-  lock held);
+  registry and the lines of apps held by a shared budget (`_waiting`, `_held`, `_last_in_flight`); it
+  changes `memory` and `settings` under `_published` (HTTP threads copy them under it) and publishes
+  `ended` (the registry's ended apps, read by actor and HTTP threads) by replacing the dict; it reads the
+  Cache, Expectations and HistoryStore, writes the HistoryStore and flushes it (API calls, no lock held);
 - actor threads carry out one app's actions each and, when done, report to Expectations, BindTimes, the
   HistoryStore and the WorkQueue (`done`);
 - the leader thread renews the Lease and sets `lost_lease`; leader tasks (certificate rotation, ...) run
@@ -37,6 +37,7 @@ order to respect (Cache._lock included).
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import threading
 import time
@@ -136,7 +137,8 @@ class Controller:
         self._ended_version = self.registry.version
         # Owned by the loop thread: the apps held by a shared budget ({app: "namespace" | "cluster"}, from the
         # last decision's settings) and the in-flight sums of the last step, to wake them when room frees.
-        self._waiting: dict[AppKey, str] = {}
+        self._waiting: dict[str, dict[AppKey, None]] = {}  # namespace ("": the cluster) -> its line
+        self._held: dict[AppKey, str] = {}  # app -> the line it is in
         self._last_in_flight: Counter[str] = Counter()
         self._histories_current = False  # the histories were read from the cluster since this replica leads
         metrics.tracked = AppsCollector(self.status).exposition
@@ -255,31 +257,45 @@ class Controller:
         self._decide(keys, policy, expected)
 
     def _wake(self, snapshot: Snapshot, policy: Policy) -> None:
-        """Queue the apps held by a namespace or the cluster budget when pods of other apps left flight
-        since the last step (bound, started or deleted) and that budget has room now: the oldest waiting
-        first, as many as there is room for. Without this they would wait for the tick."""
+        """Queue the apps held by a namespace or the cluster budget when pods left flight since the last step
+        (bound, started or deleted) and that budget has room now: the first to wait there first, as many as
+        there is room for. Without this they would wait for the tick. Its cost is per namespace in flight and
+        per app woken, not per app waiting."""
         now_in_flight = snapshot.in_flight_by_namespace()
         last, self._last_in_flight = self._last_in_flight, Counter(now_in_flight)  # + this step's releases
-        if not self._waiting:
+        if not self._held:
             return
-        total, last_total = sum(now_in_flight.values()), sum(last.values())
+        total = sum(now_in_flight.values())
         room = policy.max_pending_cluster - total
         if room <= 0:
             return
-        woken = [
-            key
-            for key, scope in self._waiting.items()
-            if (scope == "cluster" and total < last_total)
-            or (
-                scope == "namespace"
-                and now_in_flight.get(key.namespace, 0) < last.get(key.namespace, 0)
-                and now_in_flight.get(key.namespace, 0) < policy.max_pending_per_namespace
-            )
-        ]
+        woken: list[AppKey] = []
+        if "" in self._waiting and total < sum(last.values()):
+            woken.extend(itertools.islice(self._waiting[""], room))
+        for namespace, before in last.items():
+            now = now_in_flight.get(namespace, 0)
+            if now < before and now < policy.max_pending_per_namespace and namespace in self._waiting:
+                free = min(room, policy.max_pending_per_namespace - now)
+                woken.extend(itertools.islice(self._waiting[namespace], free))
         if woken:
-            memory = self.memory
-            woken.sort(key=lambda k: (m.waiting_since or 0.0) if (m := memory.get(k)) else 0.0)
-            self.queue.add(woken[:room])
+            self.queue.add(woken)
+
+    def _hold(self, key: AppKey, scope: str | None) -> None:
+        """Where the last decision says the app waits: in the line of its namespace's budget or the cluster's
+        (""; no namespace has that name), kept in the order the apps joined it, or in none."""
+        where = key.namespace if scope == "namespace" else "" if scope == "cluster" else None
+        old = self._held.get(key)
+        if old == where:
+            return  # still waiting there: its place in the line is kept
+        if old is not None:
+            line = self._waiting[old]
+            del line[key]
+            if not line:
+                del self._waiting[old]
+            del self._held[key]
+        if where is not None:
+            self._waiting.setdefault(where, {})[key] = None
+            self._held[key] = where
 
     def tick(self) -> None:
         """Every `tick`: what is per cluster. The registry looks at every app (the client-mode grace ends
@@ -290,8 +306,8 @@ class Controller:
         live = observed.apps.keys() - self.ended.keys()
         self.queue.forget(set(observed.apps))
         self.metrics.forget_namespaces({key.namespace for key in live})
-        for key in self._waiting.keys() - live:
-            del self._waiting[key]
+        for key in self._held.keys() - live:
+            self._hold(key, None)
         if len(self.memory) > len(live) or len(self.settings) > len(live):
             with self._published:
                 for table in (self.memory, self.settings):
@@ -332,7 +348,7 @@ class Controller:
         with self._published:
             self.memory.pop(key, None)
             self.settings.pop(key, None)
-        self._waiting.pop(key, None)
+        self._hold(key, None)
         self.queue.add({key})
 
     def _read_histories(self, snapshot: Snapshot) -> bool:
@@ -382,10 +398,7 @@ class Controller:
             self.memory.update((k, m) for k, m in decision.memory.items() if k not in ended)
             self.settings.update(decision.settings)
         for key, settings in decision.settings.items():
-            if settings.waiting_on in ("namespace", "cluster"):
-                self._waiting[key] = settings.waiting_on
-            else:
-                self._waiting.pop(key, None)
+            self._hold(key, settings.waiting_on)
         for scope, n in decision.limit_hits.items():
             self.metrics.limit_hits.labels(scope).inc(n)
         acting = {a.app for a in decision.actions}
