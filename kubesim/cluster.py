@@ -15,6 +15,7 @@ tests wait exactly as long as the cluster needs.
 
 from __future__ import annotations
 
+import faulthandler
 import secrets
 import shutil
 import tempfile
@@ -217,6 +218,9 @@ class Cluster:
                 return
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                # Every thread's stack on stderr (pytest shows it with the failure): a wait that expires
+                # because the simulated cluster stopped making progress says where each thread was.
+                faulthandler.dump_traceback(all_threads=True)
                 raise TimeoutError(f"timed out after {timeout}s waiting for {what or predicate}")
             with self._changed:
                 # Woken by a store change since `seen`; the bounded wait only re-checks state kept outside the
