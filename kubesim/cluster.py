@@ -21,6 +21,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -221,12 +222,44 @@ class Cluster:
                 # Every thread's stack on stderr (pytest shows it with the failure): a wait that expires
                 # because the simulated cluster stopped making progress says where each thread was.
                 faulthandler.dump_traceback(all_threads=True)
-                raise TimeoutError(f"timed out after {timeout}s waiting for {what or predicate}")
+                raise TimeoutError(
+                    f"timed out after {timeout}s waiting for {what or predicate}; the cluster: {self.describe()}"
+                )
             with self._changed:
                 # Woken by a store change since `seen`; the bounded wait only re-checks state kept outside the
                 # store.
                 if self._version == seen:
                     self._changed.wait(min(remaining, 0.5))
+
+    def describe(self) -> str:
+        """What the simulated cluster is doing, in a line: a wait that expires says it in its message (CI
+        shows the message when it cuts the captured output)."""
+        states: dict[str, Counter[str]] = {}
+        pods, _, _ = self.store.list_objects("pods")
+        for pod in pods:
+            meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
+            state = (
+                "deleting" if meta.get("deletionTimestamp")
+                else "gated" if spec.get("schedulingGates")
+                else "unbound" if not spec.get("nodeName")
+                else (status.get("phase") or "Pending").lower()
+            )  # fmt: skip
+            states.setdefault(meta.get("namespace", ""), Counter())[state] += 1
+        drivers = [
+            f"{d.namespace}/{d.app_name}: target {d.target}, seen {len(d.pods())}, running {d.running()}, "
+            f"created {len(d.created)}, unseen {sorted(d.unseen())}, failures {d.failures}"
+            + (", dead" if d.dead else "") + (", stopped" if d.finished else "")
+            for d in self._drivers
+        ]  # fmt: skip
+        return "; ".join(
+            [
+                f"store rv {self.store.resource_version}, dispatched {self.store.dispatched}",
+                *(f"pods in {ns}: {dict(c)}" for ns, c in sorted(states.items())),
+                f"scheduler: {self.scheduler.describe()}",
+                f"kubelets: {self.kubelet.describe()}",
+                *drivers,
+            ]
+        )
 
     # --- lifecycle -------------------------------------------------------------------------------------
 

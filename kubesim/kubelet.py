@@ -66,6 +66,13 @@ class Kubelets:
         if self._thread.is_alive():
             self._thread.join(timeout=10)
 
+    def describe(self) -> str:
+        with self._cond:
+            timers = len(self._timers)
+            due = sum(1 for at, *_ in self._timers if at <= self.clock())
+        alive = "running" if self._thread.is_alive() else "NOT RUNNING"
+        return f"{alive}, {timers} timers ({due} due)"
+
     def fail_on(
         self,
         node: str,

@@ -248,6 +248,13 @@ class Scheduler:
             self._on_event("MODIFIED", "pods", pod)
         self._wake.set()
 
+    def describe(self) -> str:
+        alive = "running" if self._thread.is_alive() else "NOT RUNNING"
+        return (
+            f"{alive}, {len(self._queue)} queued, {len(self._unschedulable)} unschedulable, "
+            f"{self.binds} binds, {self.attempts} attempts"
+        )
+
     def serves(self, pod: Obj) -> bool:
         return ((pod.get("spec") or {}).get("schedulerName") or DEFAULT_SCHEDULER) in self.profiles
 

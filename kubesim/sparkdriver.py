@@ -6,7 +6,11 @@ Follows Spark's ExecutorPodsAllocator (resource-managers/kubernetes, Spark 3.x-4
 - every `batch_delay` an allocation cycle on the latest snapshot of its pods (kept by a watch):
   Running and Pending pods count toward the target; while a created pod has not been seen yet, no new
   request is made; otherwise `n = min(target - count, batch_size, max_pending - not running)` pods are
-  created with ids from a monotonic counter;
+  created with ids from a monotonic counter. A pod counts as seen once any snapshot showed it, deleted or
+  not: Spark processes its snapshots in the allocation thread, after the creation returned, and a pod
+  deleted meanwhile is in them as PodDeleted (`newlyCreatedExecutors --= k8sKnownExecIds`). Here the watch
+  runs in its own thread, so the ids it showed are kept (`_known`) for a creation that returns after its
+  pod has come and gone (a slow answer under load: without this the driver waited forever);
 - scaling down deletes excess Pending pods (newest first) and remembers their ids;
 - a pod that failed counts as an executor failure and is deleted; a creation the API server refuses counts
   as one too (measured on 4.3), and at `max_failures` (default 2 x executors) the app dies;
@@ -88,6 +92,7 @@ class SparkDriver:
         self._next_id = 0
         self._pods: dict[int, Obj] = {}
         self._newly: set[int] = set()
+        self._known: set[int] = set()  # every executor id a snapshot (list or watch event) has shown
         self._failed_seen: set[int] = set()
         self._deleted: set[int] = set()
         self._lock = threading.Lock()
@@ -188,11 +193,17 @@ class SparkDriver:
         with self._lock:
             return dict(self._pods)
 
+    def unseen(self) -> set[int]:
+        """Executors created that its watch has not shown yet (no new request is made meanwhile)."""
+        with self._lock:
+            return set(self._newly)
+
     # --- the snapshot: a watch on this app's executor pods (the Reflector calls these) ------------------
 
     def _replace(self, items: list[Obj]) -> None:
         with self._lock:
             self._pods = {_exec_id(p): p for p in items if _exec_id(p) is not None}  # type: ignore[misc]
+            self._known |= set(self._pods)
             # Spark drops from its newly created executors those the snapshot knows
             # (ExecutorPodsAllocator: newlyCreatedExecutors --= k8sKnownExecIds).
             self._newly -= set(self._pods)
@@ -207,6 +218,7 @@ class SparkDriver:
             else:
                 self._pods[exec_id] = obj
             self._newly.discard(exec_id)
+            self._known.add(exec_id)
         self._wake.set()
 
     # --- the allocation cycle -------------------------------------------------------------------------
@@ -261,7 +273,7 @@ class SparkDriver:
                     return
                 continue
             with self._lock:
-                if exec_id not in self._pods:
+                if exec_id not in self._known:
                     self._newly.add(exec_id)
             self.created.append(exec_id)
             created += 1

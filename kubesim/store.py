@@ -129,6 +129,11 @@ class Store:
         return self._rv
 
     @property
+    def dispatched(self) -> int:
+        """The resourceVersion up to which the in-process listeners were handed the events."""
+        return self._dispatched
+
+    @property
     def floor(self) -> int:
         return self._floor
 

@@ -320,6 +320,32 @@ def test_spark_driver_creates_batches_and_ends_with_all_running(cluster: Cluster
     )
 
 
+def test_a_pod_that_came_and_went_before_its_creation_returned_does_not_block_the_driver(
+    cluster: Cluster,
+) -> None:
+    """The soak's stall (CI, a loaded machine): the creation's answer came after the watch had shown the pod
+    added and deleted (released, run, lost). Spark sees such a pod in its snapshots (PodDeleted) and drops
+    it from its newly created executors; the simulated driver, whose watch runs in its own thread, must not
+    wait for it forever. Driven by hand: the cycle in this thread, the watch's events delivered inside the
+    creation."""
+    driver = cluster.spark_driver("spark", "slow", executors=2, batch_size=2, start=False)
+    create = driver.kube.create
+
+    def answered_late(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        created = create(path, body)
+        gone = cluster.store.delete("pods", "spark", created["metadata"]["name"], grace_period_seconds=0)
+        driver._event("ADDED", created)  # what the watch showed before the answer came
+        driver._event("DELETED", gone)
+        return created
+
+    driver.kube.create = answered_late  # type: ignore[method-assign]
+    driver._cycle()
+    assert driver.created == [1, 2] and driver.unseen() == set() and driver.pods() == {}
+    driver.kube.create = create  # type: ignore[method-assign]
+    driver._cycle()  # both are gone: Spark asks for two more at once
+    assert driver.created == [1, 2, 3, 4] and driver.unseen() == {3, 4}
+
+
 def test_spark_deployment_allocator_creates_every_executor_at_once_and_replaces_deleted_ones(
     cluster: Cluster,
 ) -> None:
