@@ -73,8 +73,6 @@ class AppsCollector:
         executors: list[str] = []
         windows: list[str] = []
         states: list[str] = []
-        in_flight: Counter[str] = Counter()
-        bypassed: Counter[str] = Counter()
         for key, view in live.items():
             memory = status.memory.get(key)
             window = memory.pacing if memory is not None else None
@@ -85,9 +83,8 @@ class AppsCollector:
             executors.append(entry[2])
             windows.append(entry[3])
             states.append(entry[4])
-            in_flight[key.namespace] += view.counts.in_flight
-            bypassed[key.namespace] += view.counts.bypassed
         self._lines = current
+        in_flight, bypassed = namespace_counts(status.snapshot)
         held_for: Counter[str] = Counter(
             s.missing_source for k, s in status.settings.items() if s.missing_source is not None and k in live
         )

@@ -97,7 +97,10 @@ class Timeline:
         self.clock = clock
         self.lock = threading.Lock()
         self.state: dict[tuple[str, str], tuple[bool, bool, bool]] = {}  # (gated, bound, running)
-        self.trigger: dict[str, tuple[str, float]] = {}  # app -> (kind, time) since its last release
+        # app -> (kind, time) of the app's last bind or start: what frees room
+        self.trigger: dict[str, tuple[str, float]] = {}
+        self.consumed: set[str] = set()  # apps whose last bind or start already counted a release
+        self.created_at: dict[tuple[str, str], float] = {}  # (namespace, pod) -> creation time
         self.latencies: dict[str, list[float]] = collections.defaultdict(list)  # trigger kind -> seconds
         self.refills: list[tuple[str, float, float, str]] = []  # (trigger kind, trigger at, released at, app)
         self.app_of: dict[tuple[str, str], str] = {}  # (namespace, pod) -> app
@@ -123,23 +126,32 @@ class Timeline:
             self.app_of[key] = app
             if key not in self.state:
                 self.created[app].append(now)
-                if gated:
-                    self.trigger[app] = ("create", now)
+                self.created_at[key] = now
             was_gated, was_bound, was_running = self.state.get(key, (gated, False, False))
             self.state[key] = (gated, bound, running)
             if bound and not was_bound:
                 self.trigger[app] = ("bind", now)
+                self.consumed.discard(app)
             if running and not was_running:
                 self.trigger[app] = ("start", now)
+                self.consumed.discard(app)
                 self.running[app].append(now)
             if was_gated and not gated:
                 self.releases[app].append(now)
-                trigger = self.trigger.pop(app, None)
-                # Only the first removal after a trigger counts: the rest of a batch follow as consecutive
-                # patches.
-                if trigger is not None:
-                    self.latencies[trigger[0]].append(now - trigger[1])
-                    self.refills.append((trigger[0], trigger[1], now, app))
+                # What unblocked this pod: the app's last bind or start, if the pod was already waiting
+                # then (only the first removal after it counts: the rest of a batch follow as consecutive
+                # PATCHes); else its own creation (room was already there). Another pod's creation
+                # unblocks nothing.
+                created = self.created_at.get(key, now)
+                trigger = self.trigger.get(app)
+                if trigger is None or created > trigger[1]:
+                    trigger = ("create", created)
+                elif app in self.consumed:
+                    return
+                else:
+                    self.consumed.add(app)
+                self.latencies[trigger[0]].append(now - trigger[1])
+                self.refills.append((trigger[0], trigger[1], now, app))
 
     def released(self) -> int:
         with self.lock:
@@ -356,6 +368,9 @@ def ramp_run(args: argparse.Namespace, tick: float) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.smoke:
         args.apps, args.executors, args.ramp_executors, args.ramp_batch = 1, 20, 20, 10
+        # Half the executors must wait for room (maxPendingPerApp 10 of 20, all requested at once, 2 s from
+        # bind to Running), so that a refill after a start is measured however slow the machine is.
+        args.max_pending, args.spark_batch, args.start_delay = 10, 20, 2.0
         args.ramp_delay, args.ramp_ticks = 0.3, [PRODUCTION_TICK]
     # kubesim's handler writes the headers and the body of an answer in two send()s without TCP_NODELAY:
     # Nagle holds the body until the client's delayed ACK (~40 ms), so every request costs ~44 ms instead
