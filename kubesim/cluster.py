@@ -15,6 +15,7 @@ tests wait exactly as long as the cluster needs.
 
 from __future__ import annotations
 
+import collections
 import faulthandler
 import secrets
 import shutil
@@ -37,6 +38,8 @@ from .podplugins import SYSTEM_PRIORITY_CLASSES
 from .scheduler import Scheduler
 from .sparkdriver import SparkDriver
 from .store import Store
+
+RECENT_POD_EVENTS = 20_000  # pod events kept for `history` (a wait that expires reports them)
 
 
 class Cluster:
@@ -75,6 +78,7 @@ class Cluster:
         self._kubeconfigs: dict[tuple[str, str], Path] = {}
         self._drivers: list[SparkDriver] = []
         self._changed = threading.Condition()
+        self._recent: collections.deque[tuple[str, str, str]] = collections.deque(maxlen=RECENT_POD_EVENTS)
         self._version = 0
         self._unsubscribe = self.store.subscribe(self._on_change)
         for name, value in SYSTEM_PRIORITY_CLASSES.items():
@@ -199,9 +203,30 @@ class Cluster:
     # --- waiting ---------------------------------------------------------------------------------------
 
     def _on_change(self, kind: str, resource: str, obj: dict[str, Any]) -> None:
+        if resource == "pods":
+            meta = obj["metadata"]
+            spec = obj.get("spec") or {}
+            state = "gated" if spec.get("schedulingGates") else "bound" if spec.get("nodeName") else "ungated"
+            phase = (obj.get("status") or {}).get("phase", "")
+            self._recent.append(
+                (meta.get("namespace", ""), meta["name"], f"{kind} {meta['resourceVersion']} {state} {phase}")
+            )
         with self._changed:
             self._version += 1
             self._changed.notify_all()
+
+    def history(self, namespace: str, name: str) -> list[str]:
+        """What the store did to one pod among its last RECENT_POD_EVENTS pod events, and the requests that
+        named it (a creation names no pod: its path is the collection's)."""
+        events = [what for ns, n, what in list(self._recent) if (ns, n) == (namespace, name)]
+        asked = [
+            f"{e.verb} {e.subresource or ''} {e.code} by {e.identity} at rv {e.resource_version}".replace(
+                "  ", " "
+            )
+            for e in self.requests.entries()
+            if e.namespace == namespace and e.name == name
+        ]
+        return events + asked
 
     def notify(self) -> None:
         """Wake waiters for a change that is not in the store (e.g. a driver's own state)."""
@@ -248,6 +273,8 @@ class Cluster:
         drivers = [
             f"{d.namespace}/{d.app_name}: target {d.target}, seen {len(d.pods())}, running {d.running()}, "
             f"created {len(d.created)}, unseen {sorted(d.unseen())}, failures {d.failures}"
+            + "".join(f" [{d.executor_name(i)}: {self.history(d.namespace, d.executor_name(i))}]" for i in sorted(d.unseen()))
+            + (f" its watch: {d.trail()}" if d.unseen() else "")
             + (", dead" if d.dead else "") + (", stopped" if d.finished else "")
             for d in self._drivers
         ]  # fmt: skip

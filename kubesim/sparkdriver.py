@@ -10,7 +10,11 @@ Follows Spark's ExecutorPodsAllocator (resource-managers/kubernetes, Spark 3.x-4
   not: Spark processes its snapshots in the allocation thread, after the creation returned, and a pod
   deleted meanwhile is in them as PodDeleted (`newlyCreatedExecutors --= k8sKnownExecIds`). Here the watch
   runs in its own thread, so the ids it showed are kept (`_known`) for a creation that returns after its
-  pod has come and gone (a slow answer under load: without this the driver waited forever);
+  pod has come and gone (a slow answer under load: without this the driver waited forever). A pod whose
+  whole life no snapshot showed (its watch was down, and a relist after 410 cannot show a deleted pod)
+  stays among the newly created, and the driver asks for no executor again: Spark's own stall
+  (SPARK-44609, not fixed in Spark as of 2025-12; for an executor that never registered, Spark gives up
+  after `spark.kubernetes.allocation.executor.timeout`, 600 s, which is not simulated);
 - scaling down deletes excess Pending pods (newest first) and remembers their ids;
 - a pod that failed counts as an executor failure and is deleted; a creation the API server refuses counts
   as one too (measured on 4.3), and at `max_failures` (default 2 x executors) the app dies;
@@ -33,6 +37,7 @@ they go when the driver pod goes).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
@@ -93,6 +98,10 @@ class SparkDriver:
         self._pods: dict[int, Obj] = {}
         self._newly: set[int] = set()
         self._known: set[int] = set()  # every executor id a snapshot (list or watch event) has shown
+        self._reflector: Reflector | None = None
+        # What its watch did lately (events, lists, restarts with the resourceVersion it resumed from), for
+        # a wait that expires (Cluster.describe).
+        self._trail: collections.deque[str] = collections.deque(maxlen=TRAIL)
         self._failed_seen: set[int] = set()
         self._deleted: set[int] = set()
         self._lock = threading.Lock()
@@ -111,7 +120,7 @@ class SparkDriver:
             self.driver_uid = driver["metadata"]["uid"]
         self.kube.create(f"/api/v1/namespaces/{self.namespace}/configmaps", self._conf_map())
         # The snapshot: a watch on this app's executor pods, on sparkgate's one reflector.
-        reflector = Reflector(
+        reflector = self._reflector = Reflector(
             self.kube,
             f"spark-driver-{self.app_name}",
             f"/api/v1/namespaces/{self.namespace}/pods",
@@ -120,6 +129,7 @@ class SparkDriver:
             self._replace,
             stop=self._stop,
             timeout_seconds=2,
+            on_restart=lambda _, cause: self._trail.append(f"{cause} at {reflector.resource_version or '-'}"),
         )
         allocation = threading.Thread(
             target=self._allocation_loop, name=f"spark-driver-{self.app_name}", daemon=True
@@ -193,6 +203,17 @@ class SparkDriver:
         with self._lock:
             return dict(self._pods)
 
+    def executor_name(self, exec_id: int) -> str:
+        if self.deployment:
+            # The ReplicaSet's pod: named <replicaset>-<suffix> (a sequence number here, 5 random characters
+            # on a real cluster, which _exec_id reads back as the simulation's key).
+            return f"spark-d-{self.app_id}-0-{DEPLOYMENT_HASH}-{exec_id:05d}"
+        return f"{self.app_name}-exec-{exec_id}"
+
+    def trail(self) -> list[str]:
+        with self._lock:
+            return list(self._trail)
+
     def unseen(self) -> set[int]:
         """Executors created that its watch has not shown yet (no new request is made meanwhile)."""
         with self._lock:
@@ -204,6 +225,8 @@ class SparkDriver:
         with self._lock:
             self._pods = {_exec_id(p): p for p in items if _exec_id(p) is not None}  # type: ignore[misc]
             self._known |= set(self._pods)
+            rv = self._reflector.resource_version if self._reflector else "-"
+            self._trail.append(f"list at {rv}: {sorted(self._pods)}")
             # Spark drops from its newly created executors those the snapshot knows
             # (ExecutorPodsAllocator: newlyCreatedExecutors --= k8sKnownExecIds).
             self._newly -= set(self._pods)
@@ -219,6 +242,7 @@ class SparkDriver:
                 self._pods[exec_id] = obj
             self._newly.discard(exec_id)
             self._known.add(exec_id)
+            self._trail.append(f"{kind} {exec_id} at {obj['metadata'].get('resourceVersion')}")
         self._wake.set()
 
     # --- the allocation cycle -------------------------------------------------------------------------
@@ -347,14 +371,11 @@ class SparkDriver:
             "spark-exec-id": "EXECID" if self.deployment else str(exec_id),
             "spark-exec-resourceprofile-id": "0",
         }
-        meta: Obj = {"name": f"{self.app_name}-exec-{exec_id}", "labels": labels}
+        meta: Obj = {"name": self.executor_name(exec_id), "labels": labels}
         annotations = dict(self.annotations)
         if self.deployment:
-            # The ReplicaSet's pod: named <replicaset>-<suffix> (a sequence number here, 5 random characters
-            # on a real cluster, which _exec_id reads back as the simulation's key).
             labels["pod-template-hash"] = DEPLOYMENT_HASH
             annotations["controller.kubernetes.io/pod-deletion-cost"] = "0"
-            meta["name"] = f"spark-d-{self.app_id}-0-{DEPLOYMENT_HASH}-{exec_id:05d}"
         if annotations:
             meta["annotations"] = annotations
         if self.driver_uid:
@@ -387,7 +408,8 @@ class SparkDriver:
         }
 
 
-DEPLOYMENT_HASH = "5d8f7c9b6"  # the pod-template-hash of the simulated ReplicaSet
+DEPLOYMENT_HASH = "5d8f7c9b6"
+TRAIL = 40  # the last watch events, lists and restarts a driver keeps (`trail`)  # the pod-template-hash of the simulated ReplicaSet
 
 
 def _exec_id(pod: Obj) -> int | None:
