@@ -21,7 +21,7 @@ import datetime as dt
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,8 +186,9 @@ class Cache:
             self._gone_uids.add(record.uid)
             out.gone.append((record, False))
 
-    def pods_replace(self, items: list[Obj]) -> None:
-        """A relist: the new state is the list; what the cache held and the list lacks was deleted."""
+    def pods_replace(self, items: Iterable[Obj]) -> None:
+        """A relist: the new state is the list; what the cache held and the list lacks was deleted. Each
+        object is made a record as the list's pages come (Reflector._list), before anything changes."""
         records = [r for r in map(pod_record, items) if r is not None]
         fresh = {(r.namespace, r.name): r for r in records}
         out = _Out()
@@ -230,7 +231,7 @@ class Cache:
                 self._drivers[key] = record
         self._on_change({key})
 
-    def drivers_replace(self, items: list[Obj]) -> None:
+    def drivers_replace(self, items: Iterable[Obj]) -> None:
         records = [r for r in map(driver_record, items) if r is not None]
         with self._lock:
             touched = set(self._drivers)
@@ -265,20 +266,24 @@ class Cache:
                 touched = {key}
         self._on_change(touched)
 
-    def config_maps_replace(self, items: list[Obj], *, source: bool) -> None:
+    def config_maps_replace(self, items: Iterable[Obj], *, source: bool) -> None:
+        names: list[tuple[AppKey | None, str]] = []  # (the app of a copy, None for a source; its name)
+        for obj in items:  # read whole before anything changes: a later page of the list may fail
+            meta = obj.get("metadata") or {}
+            app_id = None if source else (meta.get("labels") or {}).get(contract.LABEL_APP_ID)
+            if source or app_id:
+                names.append(
+                    (AppKey(meta.get("namespace", ""), app_id) if app_id else None, meta.get("name", ""))
+                )
         with self._lock:
             if source:
-                self._sources = {(o.get("metadata") or {}).get("name", "") for o in items}
+                self._sources = {name for _, name in names}
                 self.synced["sources"] = True
             else:
                 self._config_maps = {}
-                for obj in items:
-                    meta = obj.get("metadata") or {}
-                    app_id = (meta.get("labels") or {}).get(contract.LABEL_APP_ID)
-                    if app_id:
-                        self._config_maps.setdefault(AppKey(meta.get("namespace", ""), app_id), set()).add(
-                            meta["name"]
-                        )
+                for key, name in names:
+                    assert key is not None
+                    self._config_maps.setdefault(key, set()).add(name)
                 self.synced["copies"] = True
             self._invalidate_all()
             touched = set(self._pods)

@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -175,6 +176,19 @@ def _dry_runs(text: str) -> int:
     return value
 
 
+def driver_fields(pod: dict[str, Any]) -> dict[str, Any]:
+    """What the cache's driver records and the placement read of a driver pod (cache.driver_record,
+    placement.driver_event): a relist keeps this of each driver, not the whole pod."""
+    meta = pod.get("metadata") or {}
+    return {
+        "metadata": {
+            k: meta[k] for k in ("namespace", "name", "uid", "labels", "deletionTimestamp") if k in meta
+        },
+        "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName")},
+        "status": {"phase": (pod.get("status") or {}).get("phase")},
+    }
+
+
 def assemble(
     kube: Kube,
     policy: PolicySource,
@@ -257,9 +271,11 @@ def assemble(
         cache.driver_event(kind, obj)
         placement.driver_event(kind, obj)
 
-    def drivers_replace(items: list[dict[str, Any]]) -> None:
-        cache.drivers_replace(items)
-        placement.drivers_replace(items)
+    def drivers_replace(items: Iterable[dict[str, Any]]) -> None:
+        # The list comes page by page and is read once: what both read of each driver pod is kept.
+        drivers = [driver_fields(obj) for obj in items]
+        cache.drivers_replace(drivers)
+        placement.drivers_replace(drivers)
 
     ns = options.install_namespace
     common: dict[str, Any] = {

@@ -18,7 +18,7 @@ import bisect
 import collections
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,16 +141,17 @@ class Placement:
                 zones.pop(name, None)
             self._node_zone = zones
 
-    def nodes_replace(self, items: list[Obj]) -> None:
-        zones = {}
-        for obj in items:
+    def nodes_replace(self, items: Iterable[Obj]) -> None:
+        zones, names = {}, set()
+        for obj in items:  # one pass: the list comes page by page (Reflector._list)
             meta = obj.get("metadata") or {}
+            names.add(meta.get("name", ""))
             zone = (meta.get("labels") or {}).get(ZONE_LABEL)
             if zone:
                 zones[meta.get("name", "")] = zone
         with self._lock:
             self._node_zone = zones
-            self._nodes = frozenset((o.get("metadata") or {}).get("name", "") for o in items)
+            self._nodes = frozenset(names)
 
     def driver_event(self, kind: str, obj: Obj) -> None:
         meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
@@ -169,7 +170,7 @@ class Placement:
             if zone:
                 self._driver_zone[key] = zone
 
-    def drivers_replace(self, items: list[Obj]) -> None:
+    def drivers_replace(self, items: Iterable[Obj]) -> None:
         with self._lock:
             self._driver_node, self._driver_zone = {}, {}
         for obj in items:

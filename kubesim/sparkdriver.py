@@ -43,7 +43,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from sparkgate.kube import Kube, KubeError, Reflector
@@ -98,7 +98,6 @@ class SparkDriver:
         self._pods: dict[int, Obj] = {}
         self._newly: set[int] = set()
         self._known: set[int] = set()  # every executor id a snapshot (list or watch event) has shown
-        self._reflector: Reflector | None = None
         # What its watch did lately (events, lists, restarts with the resourceVersion it resumed from), for
         # a wait that expires (Cluster.describe).
         self._trail: collections.deque[str] = collections.deque(maxlen=TRAIL)
@@ -120,7 +119,7 @@ class SparkDriver:
             self.driver_uid = driver["metadata"]["uid"]
         self.kube.create(f"/api/v1/namespaces/{self.namespace}/configmaps", self._conf_map())
         # The snapshot: a watch on this app's executor pods, on sparkgate's one reflector.
-        reflector = self._reflector = Reflector(
+        reflector = Reflector(
             self.kube,
             f"spark-driver-{self.app_name}",
             f"/api/v1/namespaces/{self.namespace}/pods",
@@ -221,12 +220,11 @@ class SparkDriver:
 
     # --- the snapshot: a watch on this app's executor pods (the Reflector calls these) ------------------
 
-    def _replace(self, items: list[Obj]) -> None:
+    def _replace(self, items: Iterable[Obj]) -> None:
         with self._lock:
             self._pods = {_exec_id(p): p for p in items if _exec_id(p) is not None}  # type: ignore[misc]
             self._known |= set(self._pods)
-            rv = self._reflector.resource_version if self._reflector else "-"
-            self._trail.append(f"list at {rv}: {sorted(self._pods)}")
+            self._trail.append(f"list: {sorted(self._pods)}")
             # Spark drops from its newly created executors those the snapshot knows
             # (ExecutorPodsAllocator: newlyCreatedExecutors --= k8sKnownExecIds).
             self._newly -= set(self._pods)

@@ -26,7 +26,7 @@ import random
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import orjson
@@ -298,16 +298,34 @@ class Kube:
         self, path: str, *, label_selector: str | None = None, page_size: int = 500
     ) -> tuple[list[Obj], str]:
         """Every item, paging with limit/continue; (items, the list's resourceVersion)."""
-        items: list[Obj] = []
-        token: str | None = None
+        items, resource_version = self.list_pages(path, label_selector=label_selector, page_size=page_size)
+        return list(items), resource_version
+
+    def list_pages(
+        self, path: str, *, label_selector: str | None = None, page_size: int = 500
+    ) -> tuple[Iterator[Obj], str]:
+        """Every item, a page at a time, and the list's resourceVersion (the first page's: every page of a
+        list is read at that version). The first page is requested now; each next one once the items before
+        it were taken, and each item is let go as it is taken: a caller that turns each object into
+        something small holds one page of whole objects, not the list (a new leader relisting 100,000
+        executor pods held ~6.5 GB as one list, bench/scale.py). Iterate once; a later page that fails
+        (410: its continue token expired) raises from the iteration."""
+        query: dict[str, Any] = {"labelSelector": label_selector, "limit": page_size}
+        first: Obj = self.request("GET", path, query=query)
+        resource_version = str((first.get("metadata") or {}).get("resourceVersion", ""))
+        return self._items(path, query, first), resource_version
+
+    def _items(self, path: str, query: dict[str, Any], page: Obj) -> Iterator[Obj]:
         while True:
-            page = self.request(
-                "GET", path, query={"labelSelector": label_selector, "limit": page_size, "continue": token}
-            )
-            items.extend(page.get("items") or [])
             token = (page.get("metadata") or {}).get("continue")
+            items: list[Obj] = page.get("items") or []
+            del page  # the page's items only, and each only until it is taken
+            items.reverse()
+            while items:
+                yield items.pop()
             if not token:
-                return items, str((page.get("metadata") or {}).get("resourceVersion", ""))
+                return
+            page = self.request("GET", path, query={**query, "continue": token})
 
     def watch(
         self,
@@ -381,7 +399,7 @@ class Reflector:
         path: str,
         label_selector: str | None,
         on_event: Callable[[str, Obj], None],
-        on_replace: Callable[[list[Obj]], None],
+        on_replace: Callable[[Iterable[Obj]], None],
         *,
         stop: threading.Event,
         on_restart: Callable[[str, str], None] | None = None,
@@ -469,11 +487,14 @@ class Reflector:
                 return
 
     def _list(self) -> None:
-        """A full list handed to `on_replace`. Its own frame: the listed objects (whole parsed pods, ~65 KB
-        each with the watch's parser) are freed once handled, not held through the watch that follows
-        (bench/scale.py found a replica that had listed 100,000 pods holding 6.5 GB until its next relist)."""
-        items, self.resource_version = self.kube.list(self.path, label_selector=self.label_selector)
+        """A full list handed to `on_replace`, page by page (`Kube.list_pages`): the handler takes each
+        object once, in one pass, and must read them all before it changes anything (a later page may fail).
+        Its own frame: no listed object (a whole parsed pod is ~65 KB) outlives the handling, let alone the
+        watch that follows (bench/scale.py found a replica that had listed 100,000 pods holding 6.5 GB until
+        its next relist). The resourceVersion is kept only once the handler has taken the whole list."""
+        items, resource_version = self.kube.list_pages(self.path, label_selector=self.label_selector)
         self.on_replace(items)
+        self.resource_version = resource_version
         self.synced = True
         self._progress()
 

@@ -50,6 +50,10 @@ class ScriptedApi:
         self.lists.append(rv)
         return [], rv
 
+    def list_pages(self, path: str, *, label_selector: str | None = None) -> tuple[Iterator[Obj], str]:
+        items, rv = self.list(path, label_selector=label_selector)
+        return iter(items), rv
+
     def watch(self, path: str, *, resource_version: str, **_: Any) -> Iterator[tuple[str, Obj]]:
         self.watched_from.append(resource_version)
         if len(self.watched_from) >= self.limit:
