@@ -142,6 +142,10 @@ class Cache:
         self._sources: set[str] = set()
         self._views: dict[AppKey, AppView] = {}
         self._stale: set[AppKey] = set()  # apps whose view changed since the last snapshot
+        # The apps whose views were rebuilt or went since the last tracked snapshot (the loop's), whoever
+        # took the snapshots in between, and how many tracked snapshots were taken.
+        self._changed: set[AppKey] = set()
+        self._tracked = 0
         # Pods in flight per namespace, the sum of the views' counts; each app's share as last summed.
         self._in_flight: Counter[str] = Counter()
         self._counted: dict[AppKey, int] = {}
@@ -299,10 +303,14 @@ class Cache:
         self._views.clear()
         self._stale = self._pods.keys() | self._config_maps.keys() | self._drivers.keys()
 
-    def snapshot(self) -> Snapshot:
-        # Views (and the in-flight sums) are rebuilt only for the apps that changed since the last snapshot:
-        # a snapshot costs per changed app, whatever the cluster's size (bench/scale.py).
+    def snapshot(self, *, track: bool = False) -> Snapshot:
+        """Views (and the in-flight sums) are rebuilt only for the apps that changed since the last snapshot:
+        a snapshot costs per changed app, whatever the cluster's size (bench/scale.py). `track` (the loop's
+        snapshot, one caller only): the snapshot says which apps changed since the last tracked one, so that
+        what the loop keeps across steps (the expectations' overlay) is brought up to date per app that
+        changed."""
         with self._lock:
+            self._changed |= self._stale
             for key in self._stale:
                 if key in self._pods:
                     pods = tuple(self._pods[key].values())
@@ -322,7 +330,13 @@ class Cache:
                 )
                 self._count(key, view.counts.in_flight)
             self._stale = set()
-            return Snapshot(dict(self._views), frozenset(self._sources), dict(self._in_flight))
+            if not track:
+                return Snapshot(dict(self._views), frozenset(self._sources), dict(self._in_flight))
+            self._tracked += 1
+            changed, self._changed = frozenset(self._changed), set()
+            return Snapshot(
+                dict(self._views), frozenset(self._sources), dict(self._in_flight), self._tracked, changed
+            )
 
     def _count(self, key: AppKey, in_flight: int) -> None:
         change = in_flight - self._counted.get(key, 0)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import ChainMap, Counter
-from collections.abc import Callable, Iterable, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -27,12 +27,16 @@ from .model import AppView, PodRecord, Snapshot
 EXPIRY = 60.0  # seconds a write may stay unreported by the watch before the cache is trusted again
 
 
+Frozen = tuple[int, frozenset[str], frozenset[str]]  # (a version that changes with them, released, deleted)
+
+
 @dataclass(frozen=True)
 class Pending:
     """The writes not seen by the watch yet, at one moment: per app, (a version that changes with them, the
-    uids released, the uids deleted)."""
+    uids released, the uids deleted). The loop's own map, brought up to date at each `pending()`: read it
+    before the next call."""
 
-    by_app: dict[AppKey, tuple[int, frozenset[str], frozenset[str]]]
+    by_app: Mapping[AppKey, Frozen]
 
 
 RELEASED, DELETED = 0, 1
@@ -47,13 +51,21 @@ class Expectations:
         # when the write was made), oldest first: expiry pops from the front.
         self._writes: tuple[dict[str, tuple[AppKey, float]], ...] = ({}, {})
         # Per app with writes not seen: [version, uids released, uids deleted, their frozen copy or None].
-        # A step costs per app with unseen writes and per write that changed, not per pod nor per write.
         self._apps: dict[AppKey, list[Any]] = {}
         self._version = 0
-        # The loop thread's own (apply): app -> (the version applied, the cache's view, the expected view),
-        # so that a step while thousands of removals are unseen does not copy each record again
-        # (bench/gates.py: 42 % of the allocator's time went to those copies).
+        self._touched: set[AppKey] = set()  # apps whose writes changed since the last `pending()`
+        # The loop thread's own, kept across steps so that a step costs per app whose writes or view changed,
+        # not per app with unseen writes (bench/scale.py: thousands of them at 100,000 pods while the watch
+        # lags the allocator's writes):
+        self._frozen: dict[AppKey, Frozen] = {}  # every app's unseen writes, as of the last `pending()`
+        self._dirty: set[AppKey] = set()  # apps whose writes changed since the last `apply`
+        # app -> (the version applied, the cache's view, the expected view), for the apps with unseen writes
+        # and a view; `_overlay` the expected views that differ from the cache's, `_delta` the in-flight pods
+        # they add per namespace; `_sequence` the tracked snapshot they were brought up to date with.
         self._views: dict[AppKey, tuple[int, AppView, AppView]] = {}
+        self._overlay: dict[AppKey, AppView] = {}
+        self._delta: Counter[str] = Counter()
+        self._sequence: int | None = None
 
     def released(self, pods: Iterable[tuple[AppKey, str]]) -> None:
         """Gate removals dispatched: (app, uid) each."""
@@ -88,28 +100,32 @@ class Expectations:
         self._writes[kind][uid] = (app, now)
         entry = self._apps.setdefault(app, [0, set(), set(), None])
         entry[1 + kind].add(uid)
-        self._changed(entry)
+        self._changed(app, entry)
 
     def _remove(self, kind: int, uid: str) -> None:
         found = self._writes[kind].pop(uid, None)
         if found is None:
             return
-        entry = self._apps[found[0]]
+        app = found[0]
+        entry = self._apps[app]
         entry[1 + kind].discard(uid)
         if entry[1] or entry[2]:
-            self._changed(entry)
+            self._changed(app, entry)
         else:
-            del self._apps[found[0]]
+            del self._apps[app]
+            self._touched.add(app)
 
-    def _changed(self, entry: list[Any]) -> None:
+    def _changed(self, app: AppKey, entry: list[Any]) -> None:
         self._version += 1
         entry[0], entry[3] = self._version, None
+        self._touched.add(app)
 
     def pending(self) -> Pending:
-        """The writes not seen yet, after dropping the expired ones. Take them *before* the cache's snapshot
-        they are applied to: a watch event handled in between drops its expectation, and a snapshot taken
-        before it would then show the pod as it was, with nothing to correct it (the pod released again).
-        One taken before may name a write the snapshot already shows: applying it changes nothing."""
+        """The writes not seen yet, after dropping the expired ones (the loop's: one caller). Take them
+        *before* the cache's snapshot they are applied to: a watch event handled in between drops its
+        expectation, and a snapshot taken before it would then show the pod as it was, with nothing to
+        correct it (the pod released again). One taken before may name a write the snapshot already shows:
+        applying it changes nothing. Costs per app whose writes changed since the last call."""
         now = self.monotonic()
         with self._lock:
             for kind, table in enumerate(self._writes):
@@ -118,46 +134,79 @@ class Expectations:
                     if now - at <= self.expiry:
                         break
                     self._remove(kind, uid)
-            by_app = {}
-            for app, entry in self._apps.items():
-                if entry[3] is None:
+            touched, self._touched = self._touched, set()
+            changes: dict[AppKey, Frozen | None] = {}
+            for app in touched:
+                entry = self._apps.get(app)
+                if entry is not None and entry[3] is None:
                     entry[3] = (entry[0], frozenset(entry[1]), frozenset(entry[2]))
-                by_app[app] = entry[3]
-        return Pending(by_app)
+                changes[app] = None if entry is None else entry[3]
+        for app, frozen in changes.items():
+            if frozen is None:
+                self._frozen.pop(app, None)
+            else:
+                self._frozen[app] = frozen
+        self._dirty |= touched
+        return Pending(self._frozen)
 
     def apply(self, snapshot: Snapshot, pending: Pending) -> Snapshot:
-        """The snapshot with the expected changes made (`pending` taken before it). An app's expected view
-        is kept until its view or its expectations change, so a step while thousands of removals are unseen
-        costs per app that changed (bench/scale.py: rebuilding every expected view each step was 60 % of
-        the loop's time at 10,000 pods)."""
-        known, self._views = self._views, {}
-        if not pending.by_app:
+        """The snapshot with the expected changes made (`pending` taken before it). The expected views are
+        kept across steps and made again only for the apps whose writes changed (`pending`) or whose view
+        changed (a tracked snapshot names them; any other snapshot, or one after a tracked snapshot this
+        did not see, has every app with unseen writes looked at), with the in-flight pods they add per
+        namespace: a step while thousands of apps have writes the watch has not shown costs per app that
+        changed (bench/scale.py: rebuilding every expected view each step was 60 % of the loop's time at
+        10,000 pods, and looking at each app every step what still grew at 100,000)."""
+        follows = (
+            snapshot.sequence is not None
+            and self._sequence is not None
+            and snapshot.sequence == self._sequence + 1
+            and snapshot.changed is not None
+        )
+        self._sequence = snapshot.sequence
+        if follows:
+            assert snapshot.changed is not None
+            look = self._dirty | (snapshot.changed & (pending.by_app.keys() | self._views.keys()))
+        else:
+            look = set(pending.by_app) | set(self._views)
+        self._dirty = set()
+        for key in look:
+            self._update(key, snapshot.apps.get(key), pending.by_app.get(key))
+        if not self._overlay:
             return snapshot
-        changed: dict[AppKey, AppView] = {}
         in_flight = Counter(snapshot.in_flight_by_namespace())
-        for key, (version, released, deleted) in pending.by_app.items():
-            view = snapshot.apps.get(key)
-            if view is None:
-                continue
-            entry = known.get(key)
-            if entry is None or entry[0] != version or entry[1] is not view:
-                copies = tuple(_expected(p, released, deleted) for p in view.pods)
-                expected = (
-                    view
-                    if all(c is p for c, p in zip(copies, view.pods, strict=True))
-                    else AppView(view.key, copies, view.driver, view.driver_seen, view.config_maps)
-                )
-                entry = (version, view, expected)
-            self._views[key] = entry
-            if entry[2] is not view:
-                changed[key] = entry[2]
-                in_flight[key.namespace] += entry[2].counts.in_flight - view.counts.in_flight
-        if not changed:
-            return snapshot
-        # The changed views over the snapshot's, no copy of every app's (a ChainMap writes only to its first
-        # map: the snapshot's is never written).
-        views = ChainMap(changed, cast("MutableMapping[AppKey, AppView]", snapshot.apps))
+        in_flight.update(self._delta)
+        # The expected views over the snapshot's, no copy of every app's (a ChainMap writes only to its first
+        # map: the snapshot's is never written; the overlay is copied, it changes at the next step).
+        views = ChainMap(dict(self._overlay), cast("MutableMapping[AppKey, AppView]", snapshot.apps))
         return Snapshot(views, snapshot.sources, in_flight)
+
+    def _update(self, key: AppKey, view: AppView | None, frozen: Frozen | None) -> None:
+        """One app's expected view made again from its cache view and its unseen writes (the loop's)."""
+        old = self._views.get(key)
+        if old is not None:
+            if frozen is not None and old[0] == frozen[0] and old[1] is view:
+                return  # neither its writes nor its view changed
+            del self._views[key]
+            if self._overlay.pop(key, None) is not None:
+                self._delta[key.namespace] -= old[2].counts.in_flight - old[1].counts.in_flight
+                if not self._delta[key.namespace]:
+                    del self._delta[key.namespace]
+        if frozen is None or view is None:
+            return
+        version, released, deleted = frozen
+        copies = tuple(_expected(p, released, deleted) for p in view.pods)
+        expected = (
+            view
+            if all(c is p for c, p in zip(copies, view.pods, strict=True))
+            else AppView(view.key, copies, view.driver, view.driver_seen, view.config_maps)
+        )
+        self._views[key] = (version, view, expected)
+        if expected is not view:
+            self._overlay[key] = expected
+            self._delta[key.namespace] += expected.counts.in_flight - view.counts.in_flight
+            if not self._delta[key.namespace]:
+                del self._delta[key.namespace]
 
     def __len__(self) -> int:
         with self._lock:

@@ -239,7 +239,7 @@ class Controller:
         """Decide for `keys` (taken from the queue: each is done here or when its actions are)."""
         self.metrics.ready.set(1 if self.cache.is_synced and all(r.synced for r in self.reflectors) else 0)
         pending = self.expectations.pending()  # before the snapshot (Expectations.pending says why)
-        observed = self._snapshot()
+        observed = self._snapshot(track=True)
         leading = self.elector.leading
         self._observe(observed, keys)
         policy = self.policy.current()
@@ -315,13 +315,13 @@ class Controller:
                         del table[key]
         self.queue.add(key for key, view in observed.apps.items() if view.counts.gated)
 
-    def _snapshot(self) -> Snapshot:
+    def _snapshot(self, *, track: bool = False) -> Snapshot:
         """The cache's snapshot, the pods gone until then recorded first (the leader's: a follower keeps no
         history of its own, it reads the leader's when it takes over), while the registry still says
-        whether their app is over."""
+        whether their app is over. `track`: the step's (Cache.snapshot)."""
         with self._gone_lock:
             gone, self._gone = self._gone, []
-        observed = self.cache.snapshot()
+        observed = self.cache.snapshot(track=track)
         if self.elector.leading:
             self._record_gone(gone, observed)
         return observed

@@ -167,6 +167,10 @@ class Snapshot:
     # Pods in flight per namespace, the sum of the apps' counts: kept up to date by whoever makes the
     # snapshot (the cache, the expectations) at the cost of the apps that changed; None: summed when asked.
     in_flight: Mapping[str, int] | None = None
+    # A tracked snapshot (`Cache.snapshot(track=True)`, the loop's): its number among the tracked ones, and
+    # the apps whose views were rebuilt or went since the tracked one before it. None: not tracked.
+    sequence: int | None = None
+    changed: frozenset[AppKey] | None = None
 
     def in_flight_by_namespace(self) -> Mapping[str, int]:
         if self.in_flight is not None:

@@ -3,11 +3,15 @@ until the watch shows it, is forgotten when the write failed, and expires if the
 
 from __future__ import annotations
 
+import random
+from collections import Counter
 from dataclasses import replace
+from typing import Any
 
+from allocator.cache import Cache
 from allocator.expectations import BindTimes, Expectations
 from allocator.model import AppView, PodRecord, Snapshot
-from sparkgate.contract import AppKey
+from sparkgate.contract import GATE, LABEL_APP_ID, LABEL_EXEC_ID, AppKey
 
 KEY = AppKey("spark", "a")
 
@@ -118,3 +122,94 @@ def test_expectations_taken_before_the_snapshot_survive_a_watch_event_handled_in
     e.observe(pod("1"), replace(pod("1"), gated=False, gate_index=None))  # the event, handled meanwhile
     assert len(e) == 0
     assert pods_of(e.apply(s, pending)) == {"1": (False, False)}  # still released, not gated
+
+
+def executor(app: str, n: int, *, gated: bool = True, phase: str = "Pending") -> dict[str, Any]:
+    """An executor pod as the cache reads it."""
+    return {
+        "metadata": {
+            "name": f"{app}-exec-{n}", "namespace": "spark", "uid": f"{app}-{n}",
+            "labels": {LABEL_APP_ID: app, LABEL_EXEC_ID: str(n)},
+        },
+        "spec": {"schedulingGates": [{"name": GATE}]} if gated else {"nodeName": "node-1"},
+        "status": {"phase": phase},
+    }  # fmt: skip
+
+
+def reference(snapshot: Snapshot, pending: dict[AppKey, tuple[set[str], set[str]]]) -> dict[AppKey, Any]:
+    """What the expected snapshot must show, computed from scratch: each app's pods (uid, gated, deleting)
+    with its unseen writes made, and the in-flight pods per namespace."""
+    apps = {}
+    for key, view in snapshot.apps.items():
+        released, deleted = pending.get(key, (set(), set()))
+        apps[key] = sorted(
+            (p.uid, p.gated and p.uid not in released, p.deleting or p.uid in deleted) for p in view.pods
+        )
+    return apps
+
+
+def test_the_expected_views_kept_across_steps_follow_every_write_and_every_view_and_cost_per_change() -> None:
+    """The loop's tracked snapshots (Cache.snapshot(track=True)) name the apps whose views changed, and the
+    expectations name the apps whose writes changed: a step makes again the expected views of those apps
+    only (bench/scale.py: thousands of apps with unseen writes at 100,000 pods), and what it shows is what a
+    computation from scratch shows, through 400 random steps of writes, watch events and expiries."""
+    rng = random.Random(19)
+    now = [0.0]
+    cache = Cache(lambda apps: None, lambda record, removed: None)
+    e = Expectations(expiry=5, monotonic=lambda: now[0])
+    cache.pod_observers.append(e.observe)
+    apps = [f"app{i}" for i in range(12)]
+    pods: dict[tuple[str, int], dict[str, Any]] = {}
+    looked: list[AppKey] = []
+    update = e._update
+
+    def counted(key: AppKey, *args: Any) -> None:
+        looked.append(key)
+        update(key, *args)
+
+    e._update = counted  # type: ignore[method-assign]
+    for app in apps:
+        for n in range(3):
+            pods[(app, n)] = executor(app, n)
+            cache.pod_event("ADDED", pods[(app, n)])
+    followed = False  # whether the last step applied a tracked snapshot
+    for step in range(400):
+        touched: set[AppKey] = set()
+        for _ in range(rng.randint(0, 3)):
+            app, n = rng.choice(apps), rng.randint(0, 5)
+            key, obj = AppKey("spark", app), pods.get((app, n))
+            action = rng.choice(["release", "delete", "fail", "watch ungated", "watch gone", "new pod"])
+            touched.add(key)
+            if obj is None:
+                pods[(app, n)] = executor(app, n)
+                cache.pod_event("ADDED", pods[(app, n)])
+            elif action == "release":
+                e.released([(key, obj["metadata"]["uid"])])
+            elif action == "delete":
+                e.deleted(key, obj["metadata"]["uid"])
+            elif action == "fail":
+                e.failed([obj["metadata"]["uid"]])
+            elif action == "watch ungated":
+                pods[(app, n)] = executor(app, n, gated=False)
+                cache.pod_event("MODIFIED", pods[(app, n)])
+            else:
+                del pods[(app, n)]
+                cache.pod_event("DELETED", obj)
+        if rng.random() < 0.05:
+            now[0] += 3  # some writes expire (their watch events never came)
+            touched |= {AppKey("spark", a) for a in apps}
+        pending = e.pending()
+        with e._lock:  # the reference: the writes as they are now (the snapshot below is taken after)
+            writes = {k: (set(v[1]), set(v[2])) for k, v in e._apps.items()}
+        tracked = rng.random() > 0.1  # now and then an untracked snapshot: the next step looks at every app
+        observed = cache.snapshot(track=tracked)
+        looked.clear()
+        expected = e.apply(observed, pending)
+        assert reference(expected, {}) == reference(observed, writes), f"step {step}"
+        sums: Counter[str] = Counter()
+        for view in expected.apps.values():
+            sums["spark"] += view.counts.in_flight
+        assert +Counter(expected.in_flight_by_namespace()) == +sums, f"step {step}"
+        if tracked and followed:
+            assert set(looked) <= touched, f"step {step}: looked at {set(looked) - touched}, unchanged"
+        followed = tracked
