@@ -437,14 +437,30 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _watch(self, route: Route, query: Mapping[str, str]) -> None:
         api = self.api
-        stream = api.store.watch(
-            route.resource,
-            route.namespace,
-            resource_version=query.get("resourceVersion"),
-            label_selector=query.get("labelSelector"),
-            field_selector=query.get("fieldSelector"),
-            name=route.name,
-        )  # 410 at connect, before the response starts
+        try:
+            stream = api.store.watch(
+                route.resource,
+                route.namespace,
+                resource_version=query.get("resourceVersion"),
+                label_selector=query.get("labelSelector"),
+                field_selector=query.get("fieldSelector"),
+                name=route.name,
+            )
+        except ApiError as e:
+            if e.code != 410:
+                raise  # a bad selector or version: answered as an error, before the response starts
+            # A version too old: the watch cache answers with a watcher whose only event is the error
+            # (cacher.go `Watch`: "other errors must fail with a watch event of type ERROR, rather than a
+            # directly returned error", `newErrWatcher`), so the client sees 200 and one ERROR event.
+            self._record(200, 0)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self._chunk({"type": "ERROR", "object": e.status()})
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+            return
         # Registered before the client sees the response start, so a test that drops watches once the
         # client's stream is open always finds it.
         unregister = api.faults.register_watch(route.resource, stream.close)

@@ -52,7 +52,7 @@ from .resources import RESOURCES, Resource
 from .selectors import field_selector, label_selector
 from .strategic import strategic_merge
 from .validation import check_object
-from .watching import Expired, Watch, matcher
+from .watching import Watch, matcher
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace or "", name)
@@ -285,7 +285,7 @@ class Store:
             self._log.clear()
             for watchers in self._watchers.values():
                 for stream in watchers:
-                    stream.offer(Expired(self._floor))
+                    stream.end()  # their versions are gone: each ends, and its next watch gets 410
                 watchers.clear()
         self._dispatch()
 

@@ -10,9 +10,13 @@ commit woke them all and they queued on the lock that every request needs). What
 API conventions (https://kubernetes.io/docs/reference/using-api/api-concepts/#watches):
 
 - no resourceVersion, or "0": synthetic ADDED events for the current state first, then the changes;
-- a resourceVersion: the changes after it, or 410 Expired at connect when it was compacted away;
-- compaction while watching, or more than the store's compaction window of events queued and not read:
-  one ERROR event carrying a 410 Expired Status, then the watch ends;
+- a resourceVersion: the changes after it, or 410 Expired at connect when it was compacted away (the HTTP
+  layer answers it as the cacher does: 200 and one ERROR event, apiserver.py);
+- compaction while watching, or more than the store's compaction window of events queued and not read: the
+  stream ends, with no ERROR event and what was queued dropped, as the cacher ends a watcher it cannot
+  keep (cache_watcher.go `add`: an unresponsive watcher is closed when its dispatch budget runs out;
+  `terminateAllWatchers` when the watch cache starts again). The client resumes from the last version it
+  saw, which is by then too old: the ERROR 410 comes at that watch;
 - selectors: like the watch cache (`cacheWatcher.convertToWatchEvent`), an object that starts matching
   arrives as ADDED and one that stops matching as DELETED, so a watcher's view stays consistent.
 
@@ -31,7 +35,6 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .errors import expired
 from .selectors import field_selector, label_selector
 
 if TYPE_CHECKING:
@@ -77,14 +80,6 @@ def seen_as(event: Event, matches: Matcher) -> str | None:
     return "DELETED" if was_in else None
 
 
-class Expired:
-    """The inbox's last entry when the watcher fell out of the store's history (compaction, or too far
-    behind): an ERROR event carrying 410 Expired, then the end."""
-
-    def __init__(self, oldest: int) -> None:
-        self.oldest = oldest  # the oldest resourceVersion the store could still serve
-
-
 Delivery = tuple[int, str, Obj]  # (resourceVersion, the type this watcher sees, the object)
 
 
@@ -109,9 +104,7 @@ class Watch:
         self._latest = cursor  # the resourceVersion of the last event offered, seen or not
         self._window = window
         self._unregister = unregister
-        self._queue: collections.deque[Delivery | Expired] = collections.deque(
-            (cursor, "ADDED", o) for o in initial
-        )
+        self._queue: collections.deque[Delivery] = collections.deque((cursor, "ADDED", o) for o in initial)
         # A wake-up token when the queue grows while the watcher may wait, and at close: SimpleQueue's put
         # never blocks, where Event.set takes the waiter's lock (under the store lock, at every commit).
         self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
@@ -127,32 +120,34 @@ class Watch:
         just before its first unread event, else the latest offered, past the events it does not see."""
         latest = self._latest  # read before the queue: an event offered meanwhile is queued first
         if self._queue:
-            head = self._queue[0]
-            return str(self._cursor if isinstance(head, Expired) else head[0] - 1)
+            return str(self._queue[0][0] - 1)
         return str(max(self._cursor, latest))
 
     @property
     def closed(self) -> bool:
         return self._closed.is_set()
 
-    def offer(self, event: Event | Expired) -> bool:
-        """The store, under its lock: one more event of this resource (or the end of its history). Only an
-        event this watcher sees is queued and wakes it. False when the watcher leaves the store's list: it
-        expired (compacted away, or `window` events not yet read)."""
-        if not isinstance(event, Expired):
-            kind = seen_as(event, self._matches)
-            if kind is None:
-                self._latest = event.rv
-                return True
-            if len(self._queue) < self._window:
-                self._queue.append((event.rv, kind, event.obj))
-                self._latest = event.rv
-                self._notify()
-                return True
-            event = Expired(event.rv - self._window + 1)
-        self._queue.append(event)
-        self._notify()
+    def offer(self, event: Event) -> bool:
+        """The store, under its lock: one more event of this resource. Only an event this watcher sees is
+        queued and wakes it. False when the watcher leaves the store's list: `window` events are queued and
+        not read, and its stream ends (`end`)."""
+        kind = seen_as(event, self._matches)
+        if kind is None:
+            self._latest = event.rv
+            return True
+        if len(self._queue) < self._window:
+            self._queue.append((event.rv, kind, event.obj))
+            self._latest = event.rv
+            self._notify()
+            return True
+        self.end()
         return False
+
+    def end(self) -> None:
+        """The server ends the stream (the store, under its lock; it drops the watcher from its list itself):
+        nothing more is returned, what is queued is dropped."""
+        self._closed.set()
+        self._wake.put(None)
 
     def _notify(self) -> None:
         # After the append: a watcher that cleared `_woken` checks the queue after clearing it.
@@ -170,12 +165,7 @@ class Watch:
         deadline = time.monotonic() + timeout
         while not self._closed.is_set():
             if self._queue:
-                item = self._queue.popleft()
-                if isinstance(item, Expired):
-                    self.close()
-                    error = expired(f"too old resource version: {self._cursor} ({item.oldest - 1})")
-                    return "ERROR", error.status()
-                self._cursor, kind, obj = item
+                self._cursor, kind, obj = self._queue.popleft()
                 return kind, obj
             self._woken = False
             if self._queue or self._closed.is_set():  # came between the check and the clear

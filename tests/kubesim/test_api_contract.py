@@ -112,9 +112,13 @@ def test_watch_resumes_from_a_resource_version_with_bookmarks(core: client.CoreV
     assert ("BOOKMARK", None) in seen
 
 
-def test_a_compacted_resource_version_gets_410_at_connect_and_in_stream(
+def test_a_compacted_resource_version_is_an_error_event_and_compaction_ends_open_watches(
     cluster: Cluster, core: client.CoreV1Api
 ) -> None:
+    """As the watch cache answers (cacher.go `Watch`: a version too old is "a watch event of type ERROR,
+    rather than a directly returned error"): 200, then one ERROR event carrying 410 Expired; the official
+    client raises it as an ApiException. An open watch whose history is compacted away just ends (no event),
+    and the version it resumes from gets that ERROR."""
     rv = core.list_namespaced_pod("spark").metadata.resource_version
     core.create_namespaced_pod("spark", pod("a"))
     cluster.store.compact()
@@ -125,24 +129,29 @@ def test_a_compacted_resource_version_gets_410_at_connect_and_in_stream(
             pass
     assert e.value.status == 410
     token = cluster.kubeconfig().read_text().split("token: ")[1].split()[0]
+
+    def watch_from(version: str) -> requests.Response:
+        return requests.get(
+            f"{cluster.url}/api/v1/namespaces/spark/pods",
+            params={"watch": "true", "resourceVersion": version, "timeoutSeconds": "30"},
+            headers={"Authorization": f"Bearer {token}"},
+            stream=True,
+            timeout=60,
+        )
+
+    gone = watch_from(rv)
+    assert gone.status_code == 200
+    (line,) = [json.loads(line) for line in gone.iter_lines() if line]
+    assert line["type"] == "ERROR" and line["object"]["code"] == 410 and line["object"]["reason"] == "Expired"
+    assert line["object"]["message"].startswith("too old resource version: ")
     current = core.list_namespaced_pod("spark").metadata.resource_version
-    lines: list[dict[str, Any]] = []
-    response = requests.get(
-        f"{cluster.url}/api/v1/namespaces/spark/pods",
-        params={"watch": "true", "resourceVersion": current, "timeoutSeconds": "30"},
-        headers={"Authorization": f"Bearer {token}"},
-        stream=True,
-        timeout=60,
-    )
-    # The response has started, so the watch is open at `current`: compacting now expires it in the stream.
+    response = watch_from(current)
+    # The response has started, so the watch is open at `current`: compacting now ends it, with no event.
     assert response.status_code == 200
     cluster.store.compact()
-    for line in response.iter_lines():
-        if line:
-            lines.append(json.loads(line))
-            if lines[-1]["type"] == "ERROR":
-                break
-    assert lines[-1]["type"] == "ERROR" and lines[-1]["object"]["code"] == 410
+    assert [line for line in response.iter_lines() if line] == []
+    (line,) = [json.loads(line) for line in watch_from(current).iter_lines() if line]
+    assert line["type"] == "ERROR" and line["object"]["code"] == 410
 
 
 def test_json_patch_test_failure_is_422_and_gates_only_shrink(core: client.CoreV1Api) -> None:
