@@ -8,7 +8,8 @@ again), `apply` shows the snapshot as it will be: released pods ungated, deleted
 
 Thread-safe: one leaf lock. Written by the loop (`released` before dispatching), the actor threads
 (`deleted`, `failed`) and the executors reflector (`observe`, a pod observer of the cache); read by the
-loop (`apply`).
+loop (`pending`, then `apply`), which alone calls those two: what they keep across steps (the apps' unseen
+writes as last taken, their expected views, the in-flight pods these add) is the loop thread's, unlocked.
 """
 
 from __future__ import annotations
