@@ -215,6 +215,7 @@ class AppMemory:
     last_release_at: float | None = None  # clock time of the last release
     last_batch: frozenset[str] = frozenset()  # pod names of the last batch released (rebuilt: decision.py)
     waiting_since: float | None = None  # when the app last started waiting for room (for fairness)
+    waiting_said_at: float | None = None  # when its Waiting Event was last reported (decision.py)
     finished: bool = False
     pacing: Window | None = None  # the app's release window (allocator/pacing.py); None until first decided
 
