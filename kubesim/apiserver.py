@@ -499,9 +499,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         finally:
             unregister()
-            # A watch that ran its timeoutSeconds leaves the connection reusable, as Go's net/http does;
-            # the client pools it. A dropped or stopped one closes it.
-            if stream.closed or api.stopping:
+            # A watch that ran its timeoutSeconds, or that the store ended (Watch.end: its history compacted
+            # away, too far behind), leaves the connection reusable, as Go's net/http does when a handler
+            # returns: the client pools it, and its next watch gets the ERROR. A dropped one (the faults'
+            # broken connection) or one the server stops with closes it.
+            if (stream.closed and not stream.ended) or api.stopping:
                 self.close_connection = True
             stream.close()
 

@@ -110,6 +110,7 @@ class Watch:
         self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._woken = False
         self._closed = threading.Event()
+        self.ended = False  # by the store (`end`), not dropped by the client or the faults (`close`)
         for event in backlog:
             if event.resource == resource:
                 self.offer(event)
@@ -145,7 +146,8 @@ class Watch:
 
     def end(self) -> None:
         """The server ends the stream (the store, under its lock; it drops the watcher from its list itself):
-        nothing more is returned, what is queued is dropped."""
+        nothing more is returned, what is queued is dropped; the stream ends as a finished response."""
+        self.ended = True
         self._closed.set()
         self._wake.put(None)
 
