@@ -167,7 +167,7 @@ class Expectations:
         self._sequence = snapshot.sequence
         if follows:
             assert snapshot.changed is not None
-            look = self._dirty | (snapshot.changed & (pending.by_app.keys() | self._views.keys()))
+            look = self._dirty | {k for k in snapshot.changed if k in pending.by_app or k in self._views}
         else:
             look = set(pending.by_app) | set(self._views)
         self._dirty = set()
@@ -177,9 +177,10 @@ class Expectations:
             return snapshot
         in_flight = Counter(snapshot.in_flight_by_namespace())
         in_flight.update(self._delta)
-        # The expected views over the snapshot's, no copy of every app's (a ChainMap writes only to its first
-        # map: the snapshot's is never written; the overlay is copied, it changes at the next step).
-        views = ChainMap(dict(self._overlay), cast("MutableMapping[AppKey, AppView]", snapshot.apps))
+        # The expected views over the snapshot's, no copy of either (a ChainMap writes only to its first map,
+        # and nothing writes to it): the result is the step's and holds until the next `apply`, which changes
+        # the overlay (the loop thread's both).
+        views = ChainMap(self._overlay, cast("MutableMapping[AppKey, AppView]", snapshot.apps))
         return Snapshot(views, snapshot.sources, in_flight)
 
     def _update(self, key: AppKey, view: AppView | None, frozen: Frozen | None) -> None:

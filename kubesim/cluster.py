@@ -78,7 +78,9 @@ class Cluster:
         self._kubeconfigs: dict[tuple[str, str], Path] = {}
         self._drivers: list[SparkDriver] = []
         self._changed = threading.Condition()
-        self._recent: collections.deque[tuple[str, str, str]] = collections.deque(maxlen=RECENT_POD_EVENTS)
+        self._recent: collections.deque[tuple[str, str, str, str, bool, bool, str]] = collections.deque(
+            maxlen=RECENT_POD_EVENTS
+        )
         self._version = 0
         self._unsubscribe = self.store.subscribe(self._on_change)
         for name, value in SYSTEM_PRIORITY_CLASSES.items():
@@ -204,12 +206,18 @@ class Cluster:
 
     def _on_change(self, kind: str, resource: str, obj: dict[str, Any]) -> None:
         if resource == "pods":
-            meta = obj["metadata"]
-            spec = obj.get("spec") or {}
-            state = "gated" if spec.get("schedulingGates") else "bound" if spec.get("nodeName") else "ungated"
-            phase = (obj.get("status") or {}).get("phase", "")
+            # On every pod change (benchmarks included): the fields only, formatted when `history` is asked.
+            meta, spec = obj["metadata"], obj.get("spec") or {}
             self._recent.append(
-                (meta.get("namespace", ""), meta["name"], f"{kind} {meta['resourceVersion']} {state} {phase}")
+                (
+                    meta.get("namespace", ""),
+                    meta["name"],
+                    kind,
+                    meta["resourceVersion"],
+                    bool(spec.get("schedulingGates")),
+                    bool(spec.get("nodeName")),
+                    (obj.get("status") or {}).get("phase", ""),
+                )
             )
         with self._changed:
             self._version += 1
@@ -218,7 +226,11 @@ class Cluster:
     def history(self, namespace: str, name: str) -> list[str]:
         """What the store did to one pod among its last RECENT_POD_EVENTS pod events, and the requests that
         named it (a creation names no pod: its path is the collection's)."""
-        events = [what for ns, n, what in list(self._recent) if (ns, n) == (namespace, name)]
+        events = [
+            f"{kind} {rv} {'gated' if gated else 'bound' if bound else 'ungated'} {phase}"
+            for ns, n, kind, rv, gated, bound, phase in list(self._recent)
+            if (ns, n) == (namespace, name)
+        ]
         asked = [
             f"{e.verb} {e.subresource or ''} {e.code} by {e.identity} at rv {e.resource_version}".replace(
                 "  ", " "
