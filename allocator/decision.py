@@ -31,6 +31,7 @@ Settled details:
 from __future__ import annotations
 
 import copy
+import math
 from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -57,6 +58,10 @@ from .model import (
 
 WAITING_EVENT_SECONDS = 5.0  # an app's Waiting Event: once it has had no release for this long
 WAITING_EVENT_REPEAT_SECONDS = 60.0  # ... and again at most this often while it keeps waiting
+# An app held by a namespace's or the cluster's budget is decided again when pods leave flight there (the
+# loop's `_wake`), when its Waiting Event is due, and at the latest after this long (the loop's tick leaves
+# it out: a safety net, not the way it is woken).
+HELD_RECHECK_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -77,8 +82,9 @@ class Decision:
     memory: dict[AppKey, AppMemory]
     settings: dict[AppKey, AppSettings] = field(default_factory=dict)
     limit_hits: Counter[str] = field(default_factory=Counter)  # by scope: app, namespace, cluster
-    # When each app held only by its batch delay may release next (the decision's clock), so the loop wakes
-    # for it then instead of at its next tick.
+    # When each app must be decided again (the decision's clock), so the loop wakes for it then instead of
+    # at its next tick: held by its batch delay, when it ends; by pacing, at its next check; by a shared
+    # budget, when its Waiting Event is due or HELD_RECHECK_SECONDS have passed.
     due: dict[AppKey, float] = field(default_factory=dict)
     errors: dict[AppKey, str] = field(default_factory=dict)  # apps whose decision raised, and why
 
@@ -303,6 +309,13 @@ def _decide_app(
                 _event(key, gated[0], "Normal", "Waiting", f"waiting: {message}", f"{key}/waiting/{scope}")
             )
     held = waiting if waiting and gated else None
+    if held is not None and held[0] in ("namespace", "cluster"):
+        # The Waiting Event's next time, as the condition above says it (since waiting 5 s, 60 s since said).
+        event_at = (now if mem.waiting_since is None else mem.waiting_since) + WAITING_EVENT_SECONDS
+        if mem.waiting_said_at is not None:
+            event_at = max(event_at, mem.waiting_said_at + WAITING_EVENT_REPEAT_SECONDS)
+        recheck = min(now + HELD_RECHECK_SECONDS, event_at if event_at > now else math.inf)
+        due[key] = min(recheck, due.get(key, recheck))
     return out, AppSettings(
         allocation, held[1] if held else None, missing if held else None, held[0] if held else None
     )

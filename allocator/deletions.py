@@ -154,8 +154,9 @@ class HistoryStore:
       dropped while it is unwritten.
 
     Thread-safe: one leaf lock over the histories; no I/O under it (`flush` copies what it writes). Written by
-    the loop (gone pods, finished apps, flush) and the actor threads (deletions made by sparkgate); read by
-    the HTTP threads through `view`.
+    the loop (gone pods, finished apps) and the actor threads (deletions made by sparkgate); saved by the
+    controller's histories thread (`flush`, one at a time: `_flushing`); read by the HTTP threads through
+    `view`.
     """
 
     def __init__(
@@ -184,6 +185,7 @@ class HistoryStore:
         self.monotonic = monotonic
         self.loaded = False
         self._lock = threading.Lock()
+        self._flushing = threading.Lock()  # held through a flush, writes included (never with `_lock` waited)
         self._histories: dict[AppKey, History] = {}
         self._dirty: set[AppKey] = set()
         # Pod uids already recorded, by app (each app's insertion-ordered): RECORDED_UIDS at most, the oldest
@@ -314,6 +316,10 @@ class HistoryStore:
     def flush(self) -> None:
         """Write the histories that changed (each after its backoff if its last write failed); delete those
         of apps finished for longer than `retention`."""
+        with self._flushing:  # the controller's histories thread, or shutdown's last flush: one at a time
+            self._flush()
+
+    def _flush(self) -> None:
         now, mono = self.clock(), self.monotonic()
         with self._lock:
             due = sorted(k for k in self._dirty if self._failures.get(k, (0, 0.0))[1] <= mono)

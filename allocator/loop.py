@@ -3,7 +3,7 @@
 Every watch event names the apps it touched and adds them to the work queue; the loop takes them at once
 (a freed slot is refilled within milliseconds), again for an app when its batch delay ends (requeue-after),
 for an app held by a namespace or the cluster budget as soon as pods of other apps leave flight (`_wake`),
-and, every `tick`, every app that has gated pods (the rest of the time-based conditions). A step's work is
+and, every `tick`, every other app that has gated pods (the rest of the time-based conditions). A step's work is
 per app taken (at most `step_apps` of them), whatever the cluster's size: the snapshot, the expectations and
 the budgets are kept up to date per changed app, and the gauges are computed when Prometheus scrapes
 (status.py `AppsCollector`), not per step. The tick also does what is per cluster: the registry's look at
@@ -23,7 +23,9 @@ Threading model (the parts are assembled in allocator/commands.py):
   registry and the lines of apps held by a shared budget (`_waiting`, `_held`, `_last_in_flight`); it
   changes `memory` and `settings` under `_published` (HTTP threads copy them under it) and publishes
   `ended` (the registry's ended apps, read by actor and HTTP threads) by replacing the dict; it reads the
-  Cache, Expectations and HistoryStore, writes the HistoryStore and flushes it (API calls, no lock held);
+  Cache, Expectations and HistoryStore and writes the HistoryStore;
+- the histories thread (`_flush_histories`, started by `run`) saves the HistoryStore's changed histories
+  every `history_flush` seconds while leading (API calls, off the loop thread);
 - actor threads carry out one app's actions each and, when done, report to Expectations, BindTimes, the
   HistoryStore and the WorkQueue (`done`);
 - the leader thread renews the Lease and sets `lost_lease`; leader tasks (certificate rotation, ...) run
@@ -31,13 +33,13 @@ Threading model (the parts are assembled in allocator/commands.py):
 - HTTP threads only read (`/apps`, and `/metrics` through the collector): Cache snapshots, copies of
   the published dicts, HistoryStore views, WorkQueue backoffs, Health.
 Every lock is a leaf: no code holds one lock while taking another or calling out, so there is no lock
-order to respect (Cache._lock included).
+order to respect (Cache._lock included), but HistoryStore's `_flushing`: only flushes take it, always
+first, and hold it through their writes.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import threading
 import time
@@ -140,6 +142,7 @@ class Controller:
         self._waiting: dict[str, dict[AppKey, None]] = {}  # namespace ("": the cluster) -> its line
         self._held: dict[AppKey, str] = {}  # app -> the line it is in
         self._last_in_flight: Counter[str] = Counter()
+        self._tick_policy: Policy | None = None  # the policy at the last tick (a change queues the held apps)
         self._histories_current = False  # the histories were read from the cluster since this replica leads
         metrics.tracked = AppsCollector(self.status).exposition
 
@@ -212,7 +215,8 @@ class Controller:
     def run(self) -> None:
         """The loop; returns when stopped or when the lease is lost (the caller exits then)."""
         next_tick = self.monotonic()
-        next_flush = self.monotonic() + self.options.history_flush
+        flusher = threading.Thread(target=self._flush_histories, name="histories", daemon=True)
+        flusher.start()
         while not self.stop_event.is_set() and not self.lost_lease.is_set():
             self.health.beat("loop")
             now = self.monotonic()
@@ -226,14 +230,20 @@ class Controller:
             if now >= next_tick:
                 next_tick = now + self.options.tick
                 self.tick()
-            keys = self.queue.get(max(0.0, min(next_tick, next_flush) - now), limit=self.options.step_apps)
+            keys = self.queue.get(max(0.0, next_tick - now), limit=self.options.step_apps)
             if self.lost_lease.is_set():
                 return
             self.step(keys)
-            if self.monotonic() >= next_flush:
-                if self.elector.leading:
-                    self.histories.flush()
-                next_flush = self.monotonic() + self.options.history_flush
+
+    def _flush_histories(self) -> None:
+        """The histories thread (started by `run`, ends with it): what changed is saved every `history_flush`
+        seconds while this replica leads. Not in the loop thread: a flush is a write per app whose history
+        changed, thousands of them when a busy cluster's apps end together, and the loop would wait for each
+        one before deciding again (89 ms a flush on average at 100,000 pods with writes answered in process:
+        bench/scale.py)."""
+        while not self.stop_event.wait(self.options.history_flush) and not self.lost_lease.is_set():
+            if self.elector.leading:
+                self.histories.flush()
 
     def step(self, keys: set[AppKey]) -> None:
         """Decide for `keys` (taken from the queue: each is done here or when its actions are)."""
@@ -271,14 +281,27 @@ class Controller:
             return
         woken: list[AppKey] = []
         if "" in self._waiting and total < sum(last.values()):
-            woken.extend(itertools.islice(self._waiting[""], room))
+            woken.extend(self._first(self._waiting[""], room, snapshot))
         for namespace, before in last.items():
             now = now_in_flight.get(namespace, 0)
             if now < before and now < policy.max_pending_per_namespace and namespace in self._waiting:
                 free = min(room, policy.max_pending_per_namespace - now)
-                woken.extend(itertools.islice(self._waiting[namespace], free))
+                woken.extend(self._first(self._waiting[namespace], free, snapshot))
         if woken:
             self.queue.add(woken)
+
+    @staticmethod
+    def _first(line: dict[AppKey, None], room: int, snapshot: Snapshot) -> list[AppKey]:
+        """The first apps of a line whose gated pods can fill `room` places: not one app per place, as each
+        app woken for a place the one before it took is a decision for nothing."""
+        woken: list[AppKey] = []
+        for key in line:
+            if room <= 0:
+                break
+            woken.append(key)
+            view = snapshot.apps.get(key)
+            room -= max(1, view.counts.gated) if view is not None else 1
+        return woken
 
     def _hold(self, key: AppKey, scope: str | None) -> None:
         """Where the last decision says the app waits: in the line of its namespace's budget or the cluster's
@@ -299,8 +322,15 @@ class Controller:
 
     def tick(self) -> None:
         """Every `tick`: what is per cluster. The registry looks at every app (the client-mode grace ends
-        apps that show no change); every app with gated pods is queued (a budget another app freed, the
-        time-based conditions); what is kept of apps that are gone goes."""
+        apps that show no change); every app with gated pods is queued (the time-based conditions), but those
+        in the line of a namespace's or the cluster's budget: `_wake` queues them when pods leave flight,
+        their decision when their Waiting Event is due and every HELD_RECHECK_SECONDS (decision.py), and the
+        tick after a policy change (its limits may have changed); what is kept of apps that are gone goes.
+        Deciding every held app each second was most of the loop's work on a large cluster whose budget
+        binds: 5,000 apps at 100,000 pods, ~0.9 decisions per watch event, nearly all finding no room
+        (bench/scale.py)."""
+        policy = self.policy.current()
+        held, self._tick_policy = (self._held if policy is self._tick_policy else {}), policy
         observed = self._snapshot()
         self._observe(observed, None)
         live = observed.apps.keys() - self.ended.keys()
@@ -313,7 +343,7 @@ class Controller:
                 for table in (self.memory, self.settings):
                     for key in table.keys() - live:
                         del table[key]
-        self.queue.add(key for key, view in observed.apps.items() if view.counts.gated)
+        self.queue.add(key for key, view in observed.apps.items() if view.counts.gated and key not in held)
 
     def _snapshot(self, *, track: bool = False) -> Snapshot:
         """The cache's snapshot, the pods gone until then recorded first (the leader's: a follower keeps no
@@ -367,7 +397,8 @@ class Controller:
     def _settle(self, keys: set[AppKey], policy: Any, snapshot: Snapshot) -> None:
         """A follower's decision: the settings in force (for /apps and `sparkgate status`), from memory
         rebuilt from the cluster; nothing is done or remembered."""
-        decision = decide(snapshot, policy, self.clock(), {}, keys - self.registry.ended.keys())
+        ended = self.registry.ended  # keys - ended.keys() would walk every ended app: per app decided only
+        decision = decide(snapshot, policy, self.clock(), {}, {k for k in keys if k not in ended})
         with self._published:
             self.settings.update(decision.settings)
         for key in keys:
@@ -377,7 +408,8 @@ class Controller:
         started = time.perf_counter()
         decided_at = self.clock()
         memory = self.memory
-        fresh = {k: rebuilt_memory(snapshot.apps[k]) for k in keys - memory.keys() if k in snapshot.apps}
+        # Not `keys - memory.keys()`: a set minus a dict's keys walks every key of the dict (130 µs at 5,000 apps).
+        fresh = {k: rebuilt_memory(snapshot.apps[k]) for k in keys if k not in memory and k in snapshot.apps}
         decision = decide(
             snapshot,
             policy,

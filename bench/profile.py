@@ -6,8 +6,10 @@ profiles were taken.
         holds the GIL (Python's own work; TLS and socket I/O release the GIL). py-spy is not a dependency of
         sparkgate: `.venv/bin/pip install py-spy` first.
     python -m bench.profile scale [--pods 100000]
-        bench/scale.py's timed pass at one size, its loop thread (`Controller.run`) under cProfile (stdlib).
-        cProfile inflates small functions; read the shares, not the times.
+        bench/scale.py's timed pass at one size, its loop thread (`Controller.run`) under cProfile (stdlib),
+        timed by the thread's CPU time (`time.thread_time`: its waits for the GIL and for locks, which the
+        wall clock would count against whatever held them, are left out). cProfile inflates small
+        functions; read the shares, not the times.
 
 Both print the functions with the largest inclusive and self shares.
 """

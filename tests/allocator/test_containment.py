@@ -6,6 +6,7 @@ allocator` assembles it (allocator/commands.py `assemble`), against kubesim over
   same for the leader thread;
   `/readyz` fails while a watch cannot be re-established, and recovers;
 - a corrupt deletion history is logged, counted, set aside and replaced: the allocator starts and acts;
+- a history write that hangs does not hold the loop's releases;
 - an exception in one app's decision does not stop the others (decision.py).
 """
 
@@ -275,6 +276,39 @@ def test_a_corrupt_history_is_set_aside_and_replaced_never_a_crash(start: Any) -
     running.cluster.wait_for(
         lambda: not store.list_objects("pods", "spark")[0], timeout=30, what="the reused id deleted"
     )
+
+
+def test_a_history_write_that_hangs_does_not_hold_the_loop(start: Any) -> None:
+    """The deletion histories are saved by a thread of their own: while the API server does not answer
+    their writes, the loop goes on releasing; once it answers again, the history is saved."""
+    running = start()
+    store, faults = running.cluster.store, running.cluster.faults
+
+    def released(name: str) -> bool:
+        return not store.get("pods", "spark", name)["spec"].get("schedulingGates")
+
+    store.create("pods", executor("exec-1", exec_id=1))
+    running.cluster.wait_for(lambda: released("exec-1"), timeout=30, what="exec-1 released")
+    faults.hang("update", "configmaps")
+    faults.hang("create", "configmaps")
+    try:
+        store.delete("pods", "spark", "exec-1")  # a deletion: the app's history changes, a flush writes it
+        running.cluster.wait_for(lambda: faults.holding() >= 1, timeout=30, what="a history write hanging")
+        store.create("pods", executor("exec-2", exec_id=2))
+        running.cluster.wait_for(lambda: released("exec-2"), timeout=30, what="exec-2 released meanwhile")
+        assert faults.holding() >= 1  # the write still hangs: the release did not wait for it
+    finally:
+        faults.resume()
+    key = AppKey("spark", "app-1")
+
+    def saved() -> bool:
+        try:
+            config = store.get("configmaps", NS, history_name(key))
+        except Exception:
+            return False
+        return History.from_dict(json.loads(config["data"]["history.json"])).exec_ids == {1}
+
+    running.cluster.wait_for(saved, timeout=60, what="the history saved once the API answers")
 
 
 def test_an_exception_in_one_apps_decision_does_not_stop_the_others(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from allocator.actor import AppResult
 from allocator.commands import assemble
+from allocator.decision import HELD_RECHECK_SECONDS, WAITING_EVENT_SECONDS
 from allocator.loop import Controller, Options
 from allocator.metrics import AllocatorMetrics
 from allocator.model import Action, Release
@@ -218,3 +219,75 @@ def test_an_app_held_by_the_cluster_budget_is_decided_when_another_apps_pod_leav
     assert take(c) == {B}
     c.step({B})  # decided at once: now its own previous batch (app-b-exec-1, not bound) holds it
     assert actor.releases() == [] and c.settings[B].waiting_on == "previous-batch"
+
+
+def bound(app: str, exec_id: int) -> dict[str, Any]:
+    """The executor released, bound and running: it has left flight."""
+    pod = executor(app, exec_id)
+    del pod["spec"]["schedulingGates"]
+    pod["spec"]["nodeName"] = "node-1"
+    pod["status"] = {"phase": "Running"}
+    return pod
+
+
+def test_a_freed_place_wakes_as_many_held_apps_as_can_fill_it_not_one_per_place(
+    controller: tuple[Controller, HeldActor],
+) -> None:
+    """Two places free at once in the cluster's budget: app-b alone has 4 gated pods to fill them, so it
+    alone is woken; app-c, behind it in the line, would only find them taken."""
+    c, actor = controller
+    C = AppKey("spark", "app-c")
+    c.cache.pods_replace([executor(app, i) for app in ("app-a", "app-b", "app-c") for i in range(1, 5)])
+    c.step(take(c))
+    assert actor.releases() == [f"app-a-exec-{i}" for i in range(1, 5)]  # the cluster budget (4) to app-a
+    actor.finish(A, True)
+    assert c.settings[B].waiting_on == c.settings[C].waiting_on == "cluster"
+    for i in (1, 2):
+        c.cache.pod_event("MODIFIED", bound("app-a", i))
+    assert take(c) == {A}
+    c.step({A})
+    assert take(c) == {B}
+    c.step({B})
+    assert actor.releases() == ["app-b-exec-1", "app-b-exec-2"]
+
+
+def test_the_tick_leaves_apps_held_by_a_shared_budget_to_their_wakes_their_event_and_a_recheck(
+    controller: tuple[Controller, HeldActor], tmp_path: Path
+) -> None:
+    """An app in the line of the cluster's budget is not decided at every tick (at 100,000 pods that was
+    most of the loop's work, bench/scale.py): it is decided when its Waiting Event is due (5 s without a
+    release), then at the latest every HELD_RECHECK_SECONDS, and at the first tick after the policy changed."""
+    c, actor = controller
+    now = [1000.0]
+    c.clock = c.queue.monotonic = lambda: now[0]
+    c.tick()  # the first, as the loop's run begins: both apps queued
+    c.step(take(c))
+    assert actor.releases() == [f"app-a-exec-{i}" for i in range(1, 5)]
+    actor.finish(A, True)
+    for i in range(1, 5):  # the watch shows app-a's releases
+        released = executor("app-a", i)
+        del released["spec"]["schedulingGates"]
+        c.cache.pod_event("MODIFIED", released)
+    c.step(take(c))
+    assert c.settings[B].waiting_on == "cluster"
+    c.tick()
+    assert take(c) == set()  # app-a has nothing gated; app-b waits in the cluster's line
+    now[0] += WAITING_EVENT_SECONDS
+    assert take(c) == {B}
+    c.step({B})
+    assert [getattr(a, "reason", None) for a in actor.given] == ["Waiting"]
+    actor.finish(B, True)
+    actor.given.clear()
+    c.tick()
+    now[0] += HELD_RECHECK_SECONDS - 0.001
+    assert take(c) == set()
+    now[0] += 0.001
+    assert take(c) == {B}  # the recheck (its next Waiting Event is 60 s after the last)
+    c.step({B})
+    assert actor.given == []  # still no room, nothing to say yet
+    write_policy(tmp_path / "raised.yaml", batch=4, delay=0, per_app=10, per_ns=10, cluster=8)
+    c.policy = PolicySource(str(tmp_path / "raised.yaml"), "sparkgate-system")
+    c.tick()
+    assert take(c) == {B}  # the limits may have changed: decided at once
+    c.step({B})
+    assert actor.releases() == [f"app-b-exec-{i}" for i in range(1, 5)]
