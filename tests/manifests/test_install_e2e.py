@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import copy
 import datetime as dt
+import shlex
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +31,8 @@ from sparkgate import contract
 from sparkgate.cli import main
 from sparkgate.contract import GATE
 from sparkgate.kube import Kube, KubeError
+
+from .test_runbooks import section, shell_commands
 
 REPO = Path(__file__).resolve().parents[2]
 Obj = dict[str, Any]
@@ -348,3 +351,64 @@ def test_on_old_clusters_the_validate_webhook_lets_only_the_break_glass_group_re
             assert not held["spec"].get("schedulingGates")
         finally:
             allocator.close()
+
+
+def test_the_verify_section_dry_run_shows_the_gate_and_the_profile_as_documented(install: Install) -> None:
+    """docs/install.md "4. Verify": its commands taken from the text and sent as the API calls kubectl makes
+    for them (kubesim serves plain HTTP, where kubectl sends no bearer token: tests/manifests/test_runbooks.py),
+    as a cluster admin; the dry run must show what the section says it shows, and create nothing."""
+    commands = [
+        c for c in shell_commands(section(REPO / "docs" / "install.md", "4. Verify")) if "kubectl" in c
+    ]
+    bundle = next(c for c in commands if "get mutatingwebhookconfiguration" in c)
+    run = next(c for c in commands if " run " in c)
+    created, deleted = (
+        next(c for c in commands if c.startswith(f"kubectl {v} namespace")) for v in ("create", "delete")
+    )
+    admin = Kube.from_kubeconfig(str(install.cluster.kubeconfig("admin")))
+    try:
+        # kubectl get mutatingwebhookconfiguration sparkgate -o jsonpath='{.webhooks[0].clientConfig.caBundle}'
+        name = shlex.split(bundle)[3]
+        configuration = admin.get(
+            f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{name}"
+        )
+        assert configuration["webhooks"][0]["clientConfig"]["caBundle"]
+        namespace = shlex.split(created)[3]
+        admin.create(
+            "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+        )
+        # kubectl -n NS run NAME --image=IMAGE --labels=K=V,... --dry-run=server: the Pod kubectl run builds
+        # (k8s.io/kubectl/pkg/generate/versioned/run.go: one container named after the pod, --labels
+        # replacing the default run=NAME), POSTed with dryRun=All.
+        words = shlex.split(run)
+        flags = dict(w[2:].split("=", 1) for w in words if w.startswith("--") and "=" in w)
+        pod_name = words[words.index("run") + 1]
+        assert words[words.index("-n") + 1] == namespace and flags["dry-run"] == "server"
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod_name,
+                "labels": dict(kv.split("=", 1) for kv in flags["labels"].split(",")),
+            },
+            "spec": {
+                "containers": [{"name": pod_name, "image": flags["image"], "resources": {}}],
+                "restartPolicy": "Always",
+                "dnsPolicy": "ClusterFirst",
+            },
+        }
+        answer = admin.request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/pods",
+            query={"dryRun": "All", "fieldManager": "kubectl-run"},
+            body=pod,
+        )
+        # What the section says the dry run prints: the gate, and a sparkgate.io/profile annotation.
+        assert answer["spec"]["schedulingGates"] == [{"name": GATE}]
+        assert contract.ANNOTATION_PROFILE in answer["metadata"]["annotations"]
+        assert '[{"name":"sparkgate.io/allocator"}]' in section(REPO / "docs" / "install.md", "4. Verify")
+        assert not install.cluster.store.list_objects("pods", namespace)[0]  # a dry run creates nothing
+        assert shlex.split(deleted)[3] == namespace
+        admin.request("DELETE", f"/api/v1/namespaces/{namespace}")
+    finally:
+        admin.close()

@@ -54,13 +54,26 @@ UNINSTALL = [
 
 
 def section(path: Path, heading: str) -> str:
-    """The text under the markdown heading `heading` (any level), up to the next heading of its level."""
-    text = path.read_text()
-    match = re.search(rf"^(#+) {re.escape(heading)}\n", text, flags=re.M)
-    assert match, f"no heading {heading!r} in {path.name}"
-    rest = text[match.end() :]
-    end = re.search(rf"^#{{1,{len(match.group(1))}}} ", rest, flags=re.M)
-    return rest[: end.start()] if end else rest
+    """The text under the markdown heading `heading` (any level), up to the next heading of its level (a
+    line in a fenced code block is never a heading: `# a shell comment`)."""
+    level, out, fenced = 0, [], False
+    for line in path.read_text().splitlines(keepends=True):
+        if line.startswith("```"):
+            fenced = not fenced
+        heading_level = len(line) - len(line.lstrip("#")) if not fenced and line.startswith("#") else 0
+        if (
+            level
+            and heading_level
+            and line[heading_level : heading_level + 1] == " "
+            and heading_level <= level
+        ):
+            break
+        if level:
+            out.append(line)
+        elif heading_level and line.rstrip("\n") == f"{'#' * heading_level} {heading}":
+            level = heading_level
+    assert level, f"no heading {heading!r} in {path.name}"
+    return "".join(out)
 
 
 def shell_commands(text: str) -> list[str]:
