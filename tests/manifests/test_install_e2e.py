@@ -13,7 +13,9 @@ from __future__ import annotations
 import base64
 import copy
 import datetime as dt
+import re
 import shlex
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +24,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import yaml
 
 from certs.plan import CA_CRT, TLS_CRT, TLS_KEY, Lifetimes, Step
 from certs.sync import Target, sync_once
@@ -35,6 +38,20 @@ from sparkgate.kube import Kube, KubeError
 from .test_runbooks import section, shell_commands
 
 REPO = Path(__file__).resolve().parents[2]
+# The kinds of the manifests that are cluster-scoped (the rest are namespaced).
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "MutatingAdmissionPolicy",
+    "MutatingAdmissionPolicyBinding",
+    "PriorityClass",
+    "ClusterIssuer",
+}
 Obj = dict[str, Any]
 
 
@@ -412,3 +429,80 @@ def test_the_verify_section_dry_run_shows_the_gate_and_the_profile_as_documented
         admin.request("DELETE", f"/api/v1/namespaces/{namespace}")
     finally:
         admin.close()
+
+
+def test_installing_into_another_namespace_as_documented(
+    kustomize: ModuleType,
+    executors: Any,
+    patient_webhook: Callable[[Obj], Obj],
+    secret_volume: Callable[[Path, dict[str, bytes]], None],
+    tmp_path: Path,
+) -> None:
+    """docs/install.md "Installing into another namespace": its render line run by the shell as typed, in a
+    directory holding the admin's kustomization `my-sparkgate/`, for the base with every component of each
+    admission mode: nothing names sparkgate-system any more, every namespaced object is in the new namespace
+    and no cluster-scoped one carries one. The base's result installed on kubesim: `certs sync` for the new
+    namespace, an executor pod admitted through the webhook over TLS verified for the new Service's name, and
+    the gate policy lets the new namespace's allocator remove the gate and refuses a user."""
+    text = section(REPO / "docs" / "install.md", "Installing into another namespace")
+    render = next(c for c in shell_commands(text) if c.startswith("kubectl kustomize"))
+    match = re.search(r"sed 's/sparkgate-system/([a-z0-9-]+)/g' > (\S+)$", render)
+    assert match, render
+    namespace, output = match.groups()
+    assert any(c == f"kubectl apply -f {output}" for c in shell_commands(text))
+    assert f"sparkgate certs sync --namespace {namespace}" in " ".join(text.split())
+
+    def rendered(components: tuple[str, ...]) -> list[Obj]:
+        own = tmp_path / "my-sparkgate"
+        own.mkdir(exist_ok=True)
+        (own / "kustomization.yaml").write_text(yaml.safe_dump(kustomize.kustomization(own, components)))
+        subprocess.run(["bash", "-o", "pipefail", "-c", render], cwd=tmp_path, check=True, timeout=120)
+        result = (tmp_path / output).read_text()
+        assert "sparkgate-system" not in result
+        return [o for o in yaml.safe_load_all(result) if o]
+
+    modes = (kustomize.COMPONENTS, (kustomize.ADMISSION_POLICY, *kustomize.COMPONENTS[:3]), ())
+    for components in modes:
+        objects = rendered(components)
+        for obj in objects:
+            meta = obj["metadata"]
+            if obj["kind"] in CLUSTER_SCOPED:
+                assert "namespace" not in meta, (obj["kind"], meta["name"])
+            else:
+                # kube-system: the second scheduler's reading of extension-apiserver-authentication
+                assert meta.get("namespace") in (namespace, "kube-system"), (obj["kind"], meta["name"])
+        assert ("Namespace", namespace) in {(o["kind"], o["metadata"]["name"]) for o in objects}
+    base = {(o["kind"], o["metadata"]["name"]): o for o in objects}  # the last: the base alone
+
+    workdir = tmp_path / "install"
+    allocator_user = f"system:serviceaccount:{namespace}:{contract.ALLOCATOR_SERVICE_ACCOUNT}"
+    with (
+        LocalWebhook(REPO / "manifests" / "base" / "policy.yaml", workdir, workers=1) as webhook,
+        Cluster(
+            nodes=1, namespaces=("default", "kube-system", namespace, "spark-jobs"), workdir=tmp_path
+        ) as cluster,
+    ):
+        cluster.register_service(namespace, contract.WEBHOOK_SERVICE, webhook.url)
+        cluster.store.create(
+            "mutatingwebhookconfigurations",
+            patient_webhook(base[("MutatingWebhookConfiguration", contract.WEBHOOK_CONFIGURATION)]),
+        )
+        install_policies(cluster, base)
+        allocator = Kube.from_kubeconfig(str(cluster.add_user(allocator_user)))
+        spark = Kube.from_kubeconfig(str(cluster.add_user("system:serviceaccount:spark-jobs:spark")))
+        try:
+            target = Target(namespace=namespace)
+            assert sync_once(allocator, target, dt.datetime.now(dt.UTC)).steps == (Step.CREATE,)
+            secret = cluster.store.get("secrets", namespace, contract.CERT_SECRET)["data"]
+            secret_volume(webhook.cert_dir, {n: base64.b64decode(secret[n]) for n in (TLS_CRT, TLS_KEY)})
+            pod = spark.create("/api/v1/namespaces/spark-jobs/pods", executors.pod("moved-exec-1"))
+            assert executors.admitted(pod)
+            path = "/api/v1/namespaces/spark-jobs/pods/moved-exec-1"
+            with pytest.raises(KubeError) as refused:
+                spark.patch(path, REMOVE_GATE, "application/json-patch+json")
+            assert refused.value.status == 403 and allocator_user in refused.value.message
+            released = allocator.patch(path, REMOVE_GATE, "application/json-patch+json")
+            assert GATE not in [g["name"] for g in released["spec"].get("schedulingGates", [])]
+        finally:
+            allocator.close()
+            spark.close()
