@@ -333,7 +333,7 @@ class Controller:
         held, self._tick_policy = (self._held if policy is self._tick_policy else {}), policy
         observed = self._snapshot()
         self._observe(observed, None)
-        live = observed.apps.keys() - self.ended.keys()
+        live = {key for key in observed.apps if key not in self.ended}
         self.queue.forget(set(observed.apps))
         self.metrics.forget_namespaces({key.namespace for key in live})
         for key in self._held.keys() - live:
@@ -390,7 +390,8 @@ class Controller:
             self._histories_current = self.histories.load()
             if self._histories_current:
                 now = self.clock()
-                for key in self.histories.unfinished() - (snapshot.apps.keys() - self.registry.ended.keys()):
+                ended = self.registry.ended
+                for key in self.histories.unfinished() - {k for k in snapshot.apps if k not in ended}:
                     self.histories.finished(key, self.registry.ended.get(key, now))
         return self._histories_current
 

@@ -53,7 +53,7 @@ class AppRegistry:
         None, of every app the registry or the snapshot knows (the loop's tick: the client-mode grace is
         measured there, so its end is seen within a tick)."""
         ended: set[AppKey] = set()
-        keys = snapshot.apps.keys() | self._lives.keys() if apps is None else apps
+        keys = set(snapshot.apps).union(self._lives) if apps is None else apps
         for key in keys:
             view = snapshot.apps.get(key)
             if view is None:
