@@ -213,7 +213,22 @@ def test_a_failing_node_is_refused_to_the_app_then_to_every_app(start: Any) -> N
         events, _, _ = cluster.store.list_objects("events", "spark")
         return [e["message"] for e in events if e["reason"] == "FailedScheduling"]
 
-    cluster.wait_for(lambda: bool(failed_scheduling()), what="d's second executor failing to schedule")
+    def scheduled_conditions() -> list[dict[str, Any]]:
+        pending = [p for p in d.pods().values() if not p["spec"].get("nodeName")]
+        return [
+            c
+            for p in pending
+            for c in cluster.store.get("pods", "spark", p["metadata"]["name"])
+            .get("status", {})
+            .get("conditions", [])
+            if c["type"] == "PodScheduled"
+        ]
+
+    # The scheduler writes the event, then the pod's condition (handleSchedulingFailure's order): both awaited.
+    cluster.wait_for(
+        lambda: bool(failed_scheduling()) and bool(scheduled_conditions()),
+        what="d's second executor failing to schedule, its event and its condition",
+    )
     assert failed_scheduling() == [
         f"0/3 nodes are available: 1 {reason}, 2 Insufficient cpu. no new claims to deallocate, preemption: "
         "0/3 nodes are available: 1 Preemption is not helpful for scheduling, 2 No preemption victims found "
@@ -222,11 +237,7 @@ def test_a_failing_node_is_refused_to_the_app_then_to_every_app(start: Any) -> N
     assert d.running() == 1 and "node-1" not in bindings.of(d)
     pending = [p for p in d.pods().values() if not p["spec"].get("nodeName")]
     assert len(pending) == 1
-    condition = next(
-        c
-        for c in cluster.store.get("pods", "spark", pending[0]["metadata"]["name"])["status"]["conditions"]
-        if c["type"] == "PodScheduled"
-    )
+    [condition] = scheduled_conditions()
     assert condition["status"] == "False" and condition["reason"] == "Unschedulable"
     assert reason in condition["message"]
     assert (
