@@ -41,7 +41,10 @@ CLUSTER_SCOPED = {
     "ValidatingWebhookConfiguration",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
+    "MutatingAdmissionPolicy",
+    "MutatingAdmissionPolicyBinding",
     "PriorityClass",
+    "ClusterIssuer",
 }
 
 

@@ -35,23 +35,10 @@ from sparkgate.cli import main
 from sparkgate.contract import GATE
 from sparkgate.kube import Kube, KubeError
 
+from .test_components import CLUSTER_SCOPED
 from .test_runbooks import section, shell_commands
 
 REPO = Path(__file__).resolve().parents[2]
-# The kinds of the manifests that are cluster-scoped (the rest are namespaced).
-CLUSTER_SCOPED = {
-    "Namespace",
-    "ClusterRole",
-    "ClusterRoleBinding",
-    "MutatingWebhookConfiguration",
-    "ValidatingWebhookConfiguration",
-    "ValidatingAdmissionPolicy",
-    "ValidatingAdmissionPolicyBinding",
-    "MutatingAdmissionPolicy",
-    "MutatingAdmissionPolicyBinding",
-    "PriorityClass",
-    "ClusterIssuer",
-}
 Obj = dict[str, Any]
 
 
