@@ -299,26 +299,32 @@ def _decide_app(
                     f"{key}/waiting/{scope}",
                 )
             )
-        elif (
-            mem.waiting_since is not None
-            and now - mem.waiting_since >= WAITING_EVENT_SECONDS
-            and (mem.waiting_said_at is None or now - mem.waiting_said_at >= WAITING_EVENT_REPEAT_SECONDS)
-        ):
+        elif (said_at := _waiting_event_at(mem)) is not None and now >= said_at:
             mem.waiting_said_at = now
             out.append(
                 _event(key, gated[0], "Normal", "Waiting", f"waiting: {message}", f"{key}/waiting/{scope}")
             )
     held = waiting if waiting and gated else None
     if held is not None and held[0] in ("namespace", "cluster"):
-        # The Waiting Event's next time, as the condition above says it (since waiting 5 s, 60 s since said).
-        event_at = (now if mem.waiting_since is None else mem.waiting_since) + WAITING_EVENT_SECONDS
-        if mem.waiting_said_at is not None:
-            event_at = max(event_at, mem.waiting_said_at + WAITING_EVENT_REPEAT_SECONDS)
-        recheck = min(now + HELD_RECHECK_SECONDS, event_at if event_at > now else math.inf)
+        event_at = _waiting_event_at(mem)
+        recheck = min(
+            now + HELD_RECHECK_SECONDS, event_at if event_at is not None and event_at > now else math.inf
+        )
         due[key] = min(recheck, due.get(key, recheck))
     return out, AppSettings(
         allocation, held[1] if held else None, missing if held else None, held[0] if held else None
     )
+
+
+def _waiting_event_at(mem: AppMemory) -> float | None:
+    """When the app's Waiting Event may be said next: WAITING_EVENT_SECONDS after it began waiting, and
+    WAITING_EVENT_REPEAT_SECONDS after it was last said (None: it is not waiting)."""
+    if mem.waiting_since is None:
+        return None
+    at = mem.waiting_since + WAITING_EVENT_SECONDS
+    if mem.waiting_said_at is not None:
+        at = max(at, mem.waiting_said_at + WAITING_EVENT_REPEAT_SECONDS)
+    return at
 
 
 def _copies(

@@ -185,7 +185,9 @@ class HistoryStore:
         self.monotonic = monotonic
         self.loaded = False
         self._lock = threading.Lock()
-        self._flushing = threading.Lock()  # held through a flush, writes included (never with `_lock` waited)
+        self._flushing = (
+            threading.Lock()
+        )  # held through a flush, writes included; always taken before `_lock`
         self._histories: dict[AppKey, History] = {}
         self._dirty: set[AppKey] = set()
         # Pod uids already recorded, by app (each app's insertion-ordered): RECORDED_UIDS at most, the oldest
