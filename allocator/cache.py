@@ -30,7 +30,7 @@ import immutables
 from sparkgate import contract
 from sparkgate.contract import AppKey
 
-from .model import AppView, DriverRecord, PodRecord, Snapshot
+from .model import AppView, DriverRecord, PodRecord, Snapshot, untracked
 
 Obj = dict[str, Any]
 # The volumes of the copies the webhook mounts: named contract.configmap_volume_name(source).
@@ -81,7 +81,7 @@ def pod_record(obj: Obj) -> PodRecord | None:
     )
     # The values every pod of an app (or of a node) repeats are interned: one string each, not one per pod
     # (a third of a record's memory, bench/scale.py).
-    return PodRecord(
+    record = PodRecord(
         namespace=sys.intern(meta.get("namespace", "")),
         name=meta.get("name", ""),
         uid=meta.get("uid", ""),
@@ -104,6 +104,7 @@ def pod_record(obj: Obj) -> PodRecord | None:
         copies=copies,
         unschedulable=unschedulable,
     )
+    return untracked(record)  # the cache keeps one per pod: no cycle, nothing for the GC to scan
 
 
 def driver_record(obj: Obj) -> DriverRecord | None:
