@@ -10,7 +10,7 @@ the budgets are kept up to date per changed app, and the gauges are computed whe
 every app (the client-mode grace), dropping what is kept of apps that are gone. The actor carries out each app's
 actions while the loop goes on deciding the others. Only the leader acts and records deletions; followers
 keep their cache warm so a hand-over is immediate, and work out the settings in force (for /apps) without
-acting or remembering; a replica that becomes the leader reads the histories again first. A leader that
+acting or remembering (but the lines of held apps, which spare their ticks as the leader's); a replica that becomes the leader reads the histories again first. A leader that
 loses its lease stops before its next write. Deletions are classified and recorded per app in the history
 store, persisted in batches. The registry (registry.py) says when an app is over; `end` then removes what
 is kept of it.
@@ -397,11 +397,18 @@ class Controller:
 
     def _settle(self, keys: set[AppKey], policy: Any, snapshot: Snapshot) -> None:
         """A follower's decision: the settings in force (for /apps and `sparkgate status`), from memory
-        rebuilt from the cluster; nothing is done or remembered."""
+        rebuilt from the cluster; nothing is done or remembered but when to look again (`due`) and the lines
+        of the apps a shared budget holds, which the tick leaves out as the leader's does: deciding every
+        held app at each tick cost a follower of a 100,000-pod cluster ~5,000 decisions a second."""
+        now = self.clock()
         ended = self.registry.ended  # keys - ended.keys() would walk every ended app: per app decided only
-        decision = decide(snapshot, policy, self.clock(), {}, {k for k in keys if k not in ended})
+        decision = decide(snapshot, policy, now, {}, {k for k in keys if k not in ended})
         with self._published:
             self.settings.update(decision.settings)
+        for key, settings in decision.settings.items():
+            self._hold(key, settings.waiting_on)
+        for key, at in decision.due.items():
+            self.queue.add_after(key, at - now)
         for key in keys:
             self.queue.done(key)
 

@@ -291,3 +291,29 @@ def test_the_tick_leaves_apps_held_by_a_shared_budget_to_their_wakes_their_event
     assert take(c) == {B}  # the limits may have changed: decided at once
     c.step({B})
     assert actor.releases() == [f"app-b-exec-{i}" for i in range(1, 5)]
+
+
+def test_a_follower_s_tick_leaves_held_apps_to_their_recheck_too(
+    controller: tuple[Controller, HeldActor],
+) -> None:
+    """A follower decides only for the settings /apps shows, and keeps the same lines as the leader: an app
+    the cluster's budget holds is settled again at its recheck, not at every tick (a follower of a
+    100,000-pod cluster decided every held app each second, bench/scale.py)."""
+    c, actor = controller
+    now = [1000.0]
+    c.clock = c.queue.monotonic = lambda: now[0]
+    c.elector.release()
+    assert not c.elector.leading
+    for i in range(1, 5):  # the leader released app-a's four: the cluster's budget (4) is used
+        released = executor("app-a", i)
+        del released["spec"]["schedulingGates"]
+        c.cache.pod_event("MODIFIED", released)
+    c.tick()
+    c.step(take(c))
+    assert actor.given == [] and c.settings[B].waiting_on == "cluster"
+    c.tick()
+    assert take(c) == set()  # app-b is held; app-a has nothing gated
+    now[0] += HELD_RECHECK_SECONDS
+    assert take(c) == {B}
+    c.step({B})
+    assert actor.given == [] and c.settings[B].waiting_on == "cluster"
