@@ -189,7 +189,10 @@ class HistoryStore:
             threading.Lock()
         )  # held through a flush, writes included; always taken before `_lock`
         self._histories: dict[AppKey, History] = {}
-        self._dirty: set[AppKey] = set()
+        # The histories changed since they were last saved, each with the number of its last change (from
+        # `_changes`): a flush forgets one only if no change came while it was being written.
+        self._dirty: dict[AppKey, int] = {}
+        self._changes = itertools.count(1)
         # Pod uids already recorded, by app (each app's insertion-ordered): RECORDED_UIDS at most, the oldest
         # half forgotten past it; an app's go with its history.
         self._recorded: dict[AppKey, dict[str, None]] = {}
@@ -212,7 +215,7 @@ class HistoryStore:
             dropped = self._histories.setdefault(app, History(finished_at=ended_at)).record(
                 entry, self.executor_ids
             )
-            self._dirty.add(app)
+            self._dirty[app] = next(self._changes)
         if dropped:
             self.on_truncate(dropped)
         return True
@@ -240,7 +243,7 @@ class HistoryStore:
             history = self._histories.get(app)
             if history is not None and history.finished_at is None:
                 history.finished_at = at
-                self._dirty.add(app)
+                self._dirty[app] = next(self._changes)
 
     def view(self, app: AppKey) -> History | None:
         """A copy of an app's history (for /apps)."""
@@ -326,6 +329,7 @@ class HistoryStore:
         with self._lock:
             due = sorted(k for k in self._dirty if self._failures.get(k, (0, 0.0))[1] <= mono)
             bodies = {k: self._body(k, self._histories[k]) for k in due if k in self._histories}
+            marks = {k: self._dirty[k] for k in bodies}
             expired = [
                 k
                 for k, h in self._histories.items()
@@ -346,8 +350,8 @@ class HistoryStore:
                 continue
             with self._lock:
                 self._failures.pop(key, None)
-                if self._histories.get(key) is not None and self._body(key, self._histories[key]) == body:
-                    self._dirty.discard(key)
+                if self._dirty.get(key) == marks[key]:  # not changed since its body was taken
+                    del self._dirty[key]
         for key in expired:
             try:
                 self.kube.delete(f"{self.path}/{history_name(key)}")
