@@ -11,12 +11,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from prometheus_client.utils import floatToGoString
-
 from sparkgate.contract import AppKey
 
 from .decision import AppSettings
 from .deletions import History
+from .metrics import LABEL_ESCAPES, text_help, text_series, text_value
 from .model import AppMemory, AppView, Snapshot
 from .pacing import Reason, Window
 
@@ -169,37 +168,24 @@ HISTORIES = Gauge(
 GAUGES = (
     EXECUTORS, IN_FLIGHT, BYPASSED, PACING_WINDOW, PACING_STATE, MISSING, LIMIT, APPS, BACKING_OFF, UNSAVED, HISTORIES,
 )  # fmt: skip
-_ESCAPES = str.maketrans({"\\": r"\\", "\n": r"\n", '"': r"\""})
-
-
-def _value(value: float) -> str:
-    """A sample's value as prometheus_client writes it."""
-    return str(floatToGoString(value))  # type: ignore[no-untyped-call]
 
 
 def _header(family: Gauge) -> str:
-    name, documentation = family.name, family.help
-    documentation = documentation.replace("\\", r"\\").replace("\n", r"\n")
-    return f"# HELP {name} {documentation}\n# TYPE {name} gauge\n"
+    return text_help(family.name, family.help, "gauge")
 
 
 def _line(family: Gauge, labels: Mapping[str, str], value: float) -> str:
     """One sample, as prometheus_client's writer (exposition.py `generate_latest`) writes it."""
-    if not labels:
-        return f"{family.name} {_value(value)}\n"
-    text = ",".join(
-        f'{k}="{v.translate(_ESCAPES)}"' for k, v in sorted(labels.items())
-    )  # by name, as it does
-    return f"{family.name}{{{text}}} {_value(value)}\n"
+    return f"{text_series(family.name, labels)} {text_value(value)}\n"
 
 
 def _app_lines(key: AppKey, view: AppView, window: Window | None) -> tuple[str, str, str]:
     """An app's lines of the executors, pacing window and pacing state gauges (labels by name: app,
     namespace, then reason or state, as `_line` writes them)."""
-    app = f'app="{key.app_id.translate(_ESCAPES)}",namespace="{key.namespace.translate(_ESCAPES)}"'
+    app = f'app="{key.app_id.translate(LABEL_ESCAPES)}",namespace="{key.namespace.translate(LABEL_ESCAPES)}"'
     name = EXECUTORS.name
     executors = "".join(
-        f'{name}{{{app},state="{state}"}} {_value(n)}\n' for state, n in view.counts.by_state().items()
+        f'{name}{{{app},state="{state}"}} {text_value(n)}\n' for state, n in view.counts.by_state().items()
     )
     if window is None:
         return executors, "", ""
@@ -208,7 +194,7 @@ def _app_lines(key: AppKey, view: AppView, window: Window | None) -> tuple[str, 
         f'{name}{{{app},reason="{reason.value}"}} {"1.0" if reason is window.reason else "0.0"}\n'
         for reason in Reason
     )
-    return executors, f"{PACING_WINDOW.name}{{{app}}} {_value(window.size)}\n", states
+    return executors, f"{PACING_WINDOW.name}{{{app}}} {text_value(window.size)}\n", states
 
 
 def pacing_summary(memory: AppMemory | None) -> dict[str, Any] | None:

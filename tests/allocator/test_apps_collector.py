@@ -7,10 +7,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from allocator import status as status_module
 from allocator.decision import AppSettings
+from allocator.metrics import AllocatorMetrics, RegistryText
 from allocator.model import AppMemory, AppView, PodRecord, Snapshot
 from allocator.pacing import Reason, Window
 from allocator.status import AppsCollector, Status
@@ -147,3 +148,30 @@ def test_a_scrape_writes_again_only_the_apps_that_changed(monkeypatch: pytest.Mo
     del apps[B]  # app-b is over: its series are gone from the next scrape
     current[0] = status(apps, memory)
     assert b'app="app-b"' not in collector.exposition()
+
+
+def test_the_registry_s_text_is_prometheus_clients_and_keeps_only_live_series() -> None:
+    """/metrics' registry part (metrics.py `RegistryText`, which keeps each series' formatted name and labels)
+    is byte for byte what prometheus_client's `generate_latest` writes, at the first scrape and after values
+    changed and series went, counters' and histograms' `_created` gauges included; a label value with a
+    backslash, a double quote and a line feed is escaped as the text format says."""
+    metrics = AllocatorMetrics()
+    odd = Counter(
+        "sparkgate_test_odd", "A help text with a \\ and\na line feed.", ["value"], registry=metrics.registry
+    )
+    odd.labels('a "quoted" \\ value\nover two lines').inc(2)
+    for i in range(30):
+        namespace = f"spark-team-{i:03d}"
+        metrics.releases.labels(namespace).inc(i)
+        metrics.gate_wait.labels(namespace).observe(0.3 * i)
+        metrics.release_to_bind.labels(namespace).observe(1e7 * i)  # Go's exponent form of large floats
+        metrics.namespaces.add(namespace)
+    text = RegistryText(metrics.registry)
+    assert text.exposition() == generate_latest(metrics.registry)
+    metrics.releases.labels("spark-team-003").inc(0.5)
+    metrics.gate_wait.labels("spark-team-004").observe(float("inf"))
+    metrics.forget_namespaces({f"spark-team-{i:03d}" for i in range(10)})
+    after = text.exposition()
+    assert after == generate_latest(metrics.registry) and b"spark-team-010" not in after
+    samples = [line for line in after.decode().splitlines() if not line.startswith("#")]
+    assert len(text._series) == len(samples)  # the series kept are the ones written, no more
