@@ -271,7 +271,10 @@ def refill_run(args: argparse.Namespace) -> dict[str, Any]:
         timeout=args.timeout,
     )
     released = timeline.released()
-    by_verb = collections.Counter(f"{e.verb} {e.resource}" for e in requests)
+    # The policy probe's creations with dryRun=All (allocator/probe.py, when the policy comes into force
+    # and every --probe-interval) persist nothing: counted apart, not as pod writes.
+    dry_runs = [e for e in requests if "dryRun=All" in e.query]
+    by_verb = collections.Counter(f"{e.verb} {e.resource}" for e in requests if e not in dry_runs)
     writes = {k: n for k, n in by_verb.items() if k.split()[0] in ("create", "update", "patch", "delete")}
     pod_writes = sum(n for k, n in writes.items() if k.endswith(" pods"))
     lease = sum(n for k, n in by_verb.items() if k.endswith(" leases"))
@@ -295,6 +298,8 @@ def refill_run(args: argparse.Namespace) -> dict[str, Any]:
         "pod_writes_per_released_executor": round(pod_writes / max(1, released), 3),
         "lease_requests_per_second": round(lease / max(elapsed, 1e-9), 2),
         "lists_during_run": lists,
+        "lists": [f"{e.path}?{e.query}" for e in requests if e.verb == "list"],
+        "probe_dry_runs": len(dry_runs),
         "requests_by_verb": dict(by_verb.most_common()),
     }
     for kind, values in sorted(timeline.latencies.items()):
