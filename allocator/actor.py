@@ -45,7 +45,7 @@ from typing import Any
 from sparkgate import contract
 from sparkgate.contract import AppKey
 from sparkgate.events import EventRecorder
-from sparkgate.kube import Conflict, Invalid, Kube, KubeError, NotFound, NotLeading
+from sparkgate.kube import Conflict, Invalid, Kube, KubeError, NotFound, NotLeading, Unread
 
 from .model import Action, CreateConfigMap, DeleteConfigMap, DeletePod, Event, PodRecord, Release
 
@@ -210,6 +210,7 @@ class Actor:
             f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
             contract.gate_removal(pod.gate_index),
             "application/json-patch+json",
+            shape=Unread,  # the answer is the whole pod; its watch event is what the cache reads
         )
         if seen is not None and self.on_gate_removed is not None:
             self.on_gate_removed(max(0.0, self.monotonic() - seen))

@@ -23,7 +23,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import immutables
 
@@ -48,6 +48,81 @@ def _timestamp(text: str | None) -> float:
 
 def _shared(value: str | None) -> str | None:
     return None if value is None else sys.intern(value)
+
+
+# --- what the allocator reads of an executor pod ----------------------------------------------------------
+# The executors' reflector decodes only these fields of each pod (sparkgate/kube.py `decode`): a Spark executor
+# pod is ~10 KB of JSON of which `pod_record` reads these few, and building the rest was most of the
+# reflector's time per watch event. A field `pod_record` reads must be named here: the tests compare the
+# records of whole and shaped pods (tests/allocator/test_cache.py).
+
+
+class _Owner(TypedDict, total=False):
+    uid: str | None
+    controller: bool | None
+
+
+class _Meta(TypedDict, total=False):
+    namespace: str | None
+    name: str | None
+    uid: str | None
+    resourceVersion: str | None  # the reflector's
+    labels: dict[str, str] | None
+    annotations: dict[str, str] | None
+    ownerReferences: list[_Owner] | None
+    deletionTimestamp: str | None
+    creationTimestamp: str | None
+
+
+class _Named(TypedDict, total=False):
+    name: str | None
+
+
+class _Volume(TypedDict, total=False):
+    name: str | None
+    configMap: _Named | None
+
+
+class _Spec(TypedDict, total=False):
+    nodeName: str | None
+    schedulingGates: list[_Named] | None
+    volumes: list[_Volume] | None
+
+
+class _Terminated(TypedDict, total=False):
+    reason: str | None
+    exitCode: int | None
+    finishedAt: str | None
+
+
+class _State(TypedDict, total=False):
+    terminated: _Terminated | None
+
+
+class _ContainerStatus(TypedDict, total=False):
+    name: str | None
+    state: _State | None
+
+
+class _Condition(TypedDict, total=False):
+    type: str | None
+    status: str | None
+    reason: str | None
+
+
+class _Status(TypedDict, total=False):
+    phase: str | None
+    reason: str | None
+    containerStatuses: list[_ContainerStatus] | None
+    conditions: list[_Condition] | None
+
+
+class ExecutorPod(TypedDict, total=False):
+    """The fields of an executor pod that `pod_record` (and the reflector) read."""
+
+    metadata: _Meta | None
+    spec: _Spec | None
+    status: _Status | None
 
 
 def pod_record(obj: Obj) -> PodRecord | None:

@@ -210,7 +210,7 @@ def assemble(
     from sparkgate.leader import LeaderElector, LeaderTask
 
     from .actor import Actor
-    from .cache import Cache
+    from .cache import Cache, ExecutorPod
     from .deletions import HISTORY_LABEL, HistoryStore
     from .expectations import BindTimes, Expectations
     from .extender import Extender
@@ -288,7 +288,8 @@ def assemble(
     }
     reflectors = [
         Reflector(
-            kube, "executors", "/api/v1/pods", "spark-role=executor", cache.pod_event, cache.pods_replace, **common
+            kube, "executors", "/api/v1/pods", "spark-role=executor", cache.pod_event, cache.pods_replace,
+            shape=ExecutorPod, **common,
         ),
         Reflector(
             kube, "drivers", "/api/v1/pods", "spark-role=driver", driver_event, drivers_replace, **common

@@ -266,7 +266,7 @@ class Api:
         parts = path.strip("/").split("/")  # api v1 namespaces NS RESOURCE [NAME]
         return parts[3], parts[4], parts[5] if len(parts) > 5 else ""
 
-    def patch(self, path: str, body: Any, content_type: str) -> Obj:
+    def patch(self, path: str, body: Any, content_type: str, *, shape: Any = None) -> Obj:
         namespace, _, name = self._path(path)
         self.writes["release"] += 1
         pod = self.pods.get((namespace, name))
@@ -368,7 +368,7 @@ class Gated:
         if not self.leading():
             raise NotLeading(0, "NotLeading", f"{what} not sent: this replica does not lead")
 
-    def patch(self, path: str, body: Any, content_type: str) -> Obj:
+    def patch(self, path: str, body: Any, content_type: str, *, shape: Any = None) -> Obj:
         self._write(f"PATCH {path}")
         return self.api.patch(path, body, content_type)
 

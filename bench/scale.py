@@ -78,8 +78,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import orjson
-
 from allocator.commands import assemble
 from allocator.http import StatusServer
 from allocator.loop import Controller, Options
@@ -87,7 +85,7 @@ from allocator.metrics import AllocatorMetrics
 from allocator.model import untracked
 from sparkgate import contract
 from sparkgate.json_patch import PatchError, apply_patch
-from sparkgate.kube import Conflict, Invalid, KubeError, NotFound, NotLeading, _event
+from sparkgate.kube import Conflict, Invalid, KubeError, NotFound, NotLeading, _event, decode
 from sparkgate.mutation import mutate
 from sparkgate.policy import Policy, load_policy
 from sparkgate.ratelimit import TokenBucket
@@ -479,7 +477,7 @@ class Cluster:
         return list(items), rv
 
     def list_pages(
-        self, path: str, *, label_selector: str | None = None, page_size: int = 500
+        self, path: str, *, label_selector: str | None = None, page_size: int = 500, shape: Any = None
     ) -> tuple[Iterator[Obj], str]:
         """As `Kube.list_pages`: each page of `page_size` pods rendered and parsed (by the production
         parser) as the reflector takes it. A page shows its pods as they are when it is read, not at the
@@ -488,7 +486,9 @@ class Cluster:
         with self.lock:
             parts = path.strip("/").split("/")
             if parts[-1] == "pods":
-                return self._pod_pages(list(self.pods.values()), label_selector, page_size), str(self.rv)
+                return self._pod_pages(list(self.pods.values()), label_selector, page_size, shape), str(
+                    self.rv
+                )
             if parts[-1] == "configmaps":
                 items = copy.deepcopy(
                     [c for (ns, _), c in self.config_maps.items() if len(parts) <= 3 or ns == parts[3]]
@@ -498,13 +498,15 @@ class Cluster:
             items = [o for o in items if _selected(o["metadata"].get("labels") or {}, label_selector)]
             return iter(items), str(self.rv)
 
-    def _pod_pages(self, pods: list[PodState], selector: str | None, page_size: int) -> Iterator[Obj]:
+    def _pod_pages(
+        self, pods: list[PodState], selector: str | None, page_size: int, shape: Any
+    ) -> Iterator[Obj]:
         """Listed pods, a page at a time, each let go once taken (Kube.list_pages)."""
         pods.reverse()
         while pods:
             with self.lock:
                 lines = [self.render("", pods.pop(), self.rv) for _ in range(min(page_size, len(pods)))]
-            page = [_event(line)[1] for line in reversed(lines)]
+            page = [_event(line, shape)[1] for line in reversed(lines)]
             del lines
             while page:
                 obj = page.pop()
@@ -518,6 +520,7 @@ class Cluster:
         resource_version: str,
         label_selector: str | None = None,
         timeout_seconds: int = 300,
+        shape: Any = None,
     ) -> Iterator[tuple[str, Obj]]:
         """As `Kube.watch`: each line parsed by `_event`; ends when the stream is closed."""
         with self.lock:
@@ -530,7 +533,7 @@ class Cluster:
                 self.streams.append(stream)
             stream.claimed = True
         while (line := stream.lines.get()) is not None:
-            yield _event(line)
+            yield _event(line, shape)
             stream.consumed += 1
             if self.waiting_for_room and self.appended - self.delivered() < STREAM_BUFFER // 2:
                 with self.room:
@@ -779,12 +782,11 @@ class Client:
         finally:
             self.cluster.served(time.thread_time() - cpu)
 
-    def patch(self, path: str, body: Any, content_type: str) -> Obj:
+    def patch(self, path: str, body: Any, content_type: str, *, shape: Any = None) -> Obj:
         self._write(f"PATCH {path}")
         line = self._served(self.cluster.patch, path, body, content_type)
-        result: Obj = orjson.loads(line)[
-            "object"
-        ]  # the answer decoded as Kube.request decodes it: the client's
+        answer = line[line.index(b'"object":') + 9 : -1]  # kube-apiserver answers with the object alone
+        result: Obj = decode(answer, shape)  # the answer decoded as Kube.request decodes it: the client's
         return result
 
     def delete(self, path: str, **kwargs: Any) -> Obj:

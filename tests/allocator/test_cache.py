@@ -4,12 +4,21 @@ not copied (a persistent map), and an app the cluster no longer holds anything o
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gc
+from collections.abc import Iterator
 from typing import Any
 
-from allocator.cache import Cache
+import jsonpatch
+import orjson
+
+from allocator.cache import Cache, ExecutorPod, pod_record
+from sparkgate import kube
 from sparkgate.contract import AppKey
+from sparkgate.kube import _event, decode
+from sparkgate.mutation import mutate
+from sparkgate.policy import Policy
 
 from .test_dispatch import executor
 
@@ -72,3 +81,58 @@ def test_the_cache_s_records_are_left_out_of_the_cyclic_gc() -> None:
     held = cache.snapshot().apps[A].pods
     assert len(held) == 2 and not any(gc.is_tracked(record) for record in held)
     assert gc.is_tracked(dataclasses.replace(held[0]))
+
+
+def states(pod: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The captured pod through the states whose fields the allocator reads: gated, bound, unschedulable,
+    running, terminated (its Spark container OOMKilled beside a sidecar that exited), evicted, deleting."""
+    pod = copy.deepcopy(pod)
+    pod["metadata"].update(uid="uid-1", resourceVersion="7", creationTimestamp="2026-11-23T10:00:00Z")
+    yield pod
+    unschedulable = copy.deepcopy(pod)
+    unschedulable["status"] = {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}
+    ]}  # fmt: skip
+    yield unschedulable
+    bound = copy.deepcopy(pod)
+    del bound["spec"]["schedulingGates"]
+    bound["spec"]["nodeName"] = "node-1"
+    bound["status"] = {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}],
+                       "containerStatuses": [{"name": "spark-kubernetes-executor", "state": {"running": {}}}]}  # fmt: skip
+    yield bound
+    ended = copy.deepcopy(bound)
+    ended["status"] = {"phase": "Failed", "containerStatuses": [
+        {"name": "sidecar", "state": {"terminated": {"reason": "Error", "exitCode": 1}}},
+        {"name": "spark-kubernetes-executor", "state": {"terminated": {
+            "reason": "OOMKilled", "exitCode": 137, "finishedAt": "2026-11-23T10:05:00Z"}}},
+    ]}  # fmt: skip
+    yield ended
+    evicted = copy.deepcopy(bound)
+    evicted["status"] = {"phase": "Failed", "reason": "Evicted", "message": "low on memory"}
+    yield evicted
+    deleting = copy.deepcopy(bound)
+    deleting["metadata"].update(deletionTimestamp="2026-11-23T10:06:00Z", deletionGracePeriodSeconds=30)
+    yield deleting
+
+
+def test_the_fields_the_reflector_decodes_are_every_field_a_record_reads(
+    reviews: dict[str, dict[str, Any]], example_policy: Policy
+) -> None:
+    """The executors' reflector decodes only `ExecutorPod`'s fields of each pod (sparkgate/kube.py `decode`):
+    every captured Spark 4.3 executor, as the webhook admits it, in every state, makes the same record from
+    them as from the whole pod, through a watch event and a list page alike."""
+    compared = 0
+    for name, review in reviews.items():
+        admitted = jsonpatch.apply_patch(
+            review["request"]["object"], mutate(review["request"], example_policy).ops
+        )
+        for pod in states(admitted):
+            line = orjson.dumps({"type": "MODIFIED", "object": pod})
+            whole, shaped = _event(line)[1], _event(line, ExecutorPod)[1]
+            assert pod_record(shaped) == pod_record(whole) is not None, name
+            assert "containers" not in shaped["spec"] and "managedFields" not in shaped["metadata"]
+            page = orjson.dumps({"metadata": {"resourceVersion": "9"}, "items": [pod]})
+            (listed,) = decode(page, kube._list_shape(ExecutorPod))["items"]
+            assert listed == shaped
+            compared += 1
+    assert compared == 9 * 6

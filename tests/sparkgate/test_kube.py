@@ -5,8 +5,10 @@ from __future__ import annotations
 import gc
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypedDict
+from unittest.mock import ANY
 
+import orjson
 import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -22,6 +24,8 @@ from sparkgate.kube import (
     NotFound,
     NotLeading,
     Unavailable,
+    Unread,
+    decode,
     resource_of,
 )
 from sparkgate.ratelimit import TokenBucket
@@ -292,6 +296,61 @@ def test_list_pages_lets_each_object_go_once_taken() -> None:
         assert sum(alive) <= 1, f"after {taken[-1]}: {alive}"  # at most the rest of its page
     assert rv == "9" and taken == [f"p{page}-{i}" for page in range(3) for i in range(2)]
     assert not any(r() is not None for r in refs)
+
+
+class _Meta(TypedDict, total=False):
+    name: str | None
+    resourceVersion: str | None
+    labels: dict[str, str] | None
+
+
+class Named(TypedDict, total=False):
+    """A shape: the fields a caller reads (sparkgate/kube.py `decode`)."""
+
+    metadata: _Meta | None
+
+
+def test_a_shape_decodes_only_its_fields_of_lists_watches_and_answers(cluster: Cluster, kube: Kube) -> None:
+    for i in range(5):
+        kube.create(CONFIG_MAPS, config_map(f"shaped-{i}", big="x" * 1000))
+    items, rv = kube.list_pages(CONFIG_MAPS, label_selector="t=1", page_size=2, shape=Named)
+    listed = [item for item in items if item["metadata"]["name"].startswith("shaped-")]
+    assert rv.isdecimal() and len(listed) == 5  # every page, through the shaped "continue"
+    assert set(listed[0]) == {"metadata"}  # no data, no kind
+    assert listed[0]["metadata"] == {"name": "shaped-0", "labels": {"t": "1"}, "resourceVersion": ANY}
+    stream = kube.watch(
+        CONFIG_MAPS, resource_version=rv, label_selector="t=1", timeout_seconds=30, shape=Named
+    )
+    kube.delete(f"{CONFIG_MAPS}/shaped-0")
+    kind, obj = next(e for e in stream if e[0] != "BOOKMARK")
+    stream.close()
+    assert kind == "DELETED" and set(obj) == {"metadata"} and obj["metadata"]["name"] == "shaped-0"
+    assert int(obj["metadata"]["resourceVersion"]) > int(rv)
+    created = kube.create(PODS, gated_pod("shaped-answer"))
+    answer = kube.patch(
+        f"{PODS}/shaped-answer", [{"op": "remove", "path": "/spec/schedulingGates/0"}],
+        "application/json-patch+json", shape=Unread,
+    )  # fmt: skip
+    assert answer == {} and "spec" in created  # the answer read as nothing; the write was made:
+    assert kube.get(f"{PODS}/shaped-answer")["spec"]["schedulingGates"] == [
+        {"name": "sparkgate.io/allocator"}
+    ]
+    # An ERROR event does not fit a shape of configmaps: it is read whole, and raised as without a shape.
+    cluster.store.compact()
+    with pytest.raises(Gone, match="too old"):
+        next(kube.watch(CONFIG_MAPS, resource_version=rv, timeout_seconds=30, shape=Named))
+
+
+def test_data_that_does_not_fit_the_shape_is_decoded_whole() -> None:
+    """A shape is a saving, never a filter of what is wrong: a field of another type than the shape says
+    comes out whole, for the caller to handle as it handles a whole object; what is not JSON raises as it
+    does without a shape."""
+    odd = b'{"metadata":{"name":"p","labels":{"n":1}},"spec":{"containers":[]}}'
+    assert decode(odd, Named) == orjson.loads(odd)
+    fits = b'{"metadata":{"name":"p","labels":{"n":"1"}},"spec":{"containers":[]}}'
+    assert decode(fits, Named) == {"metadata": {"name": "p", "labels": {"n": "1"}}}
+    with pytest.raises(orjson.JSONDecodeError):
+        decode(b'{"metadata":', Named)
 
 
 def test_watch_resumes_from_a_resource_version_with_bookmarks(kube: Kube, recorder: Recorder) -> None:

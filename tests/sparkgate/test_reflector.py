@@ -50,7 +50,9 @@ class ScriptedApi:
         self.lists.append(rv)
         return [], rv
 
-    def list_pages(self, path: str, *, label_selector: str | None = None) -> tuple[Iterator[Obj], str]:
+    def list_pages(
+        self, path: str, *, label_selector: str | None = None, **_: Any
+    ) -> tuple[Iterator[Obj], str]:
         items, rv = self.list(path, label_selector=label_selector)
         return iter(items), rv
 
