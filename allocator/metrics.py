@@ -21,7 +21,8 @@ from prometheus_client.utils import floatToGoString
 
 from .model import DeletionReason
 
-_Series = dict[tuple[str, tuple[tuple[str, str], ...]], str]  # (sample name, labels) -> its text
+_Key = tuple[str, tuple[tuple[str, str], ...]]  # (sample name, labels)
+_Series = dict[_Key, tuple[_Key, str]]  # a series' key -> (the same key, the series' text)
 # The text format's rules, as prometheus_client's writer applies them (exposition.py `generate_latest`): one
 # definition for the registry's text (RegistryText) and the tracked gauges' (status.py AppsCollector).
 LABEL_ESCAPES = str.maketrans({"\\": r"\\", "\n": r"\n", '"': r"\""})  # a label value's
@@ -301,7 +302,10 @@ class RegistryText:
     Why: at 100,000 pods in 200 namespaces the registry has ~7,300 samples (two histograms per namespace),
     and `generate_latest` formatted each one's labels again at every scrape (validating and escaping every
     label name and value): half of its time, ~40 % of a /metrics scrape (bench/scale.py). Each scrape keeps
-    only the series it wrote, so the kept text ends with its series. Thread-safe: one scrape at a time
+    only the series it wrote, so the kept text ends with its series; what it keeps of a series is what was
+    made when the series first came (its key and text), never a fresh copy: a scrape's kept copies outlived
+    it into the GC's oldest generation, and at 100,000 pods their number set off a full collection of the
+    whole heap every other scrape (bench/scale.py). Thread-safe: one scrape at a time
     writes (HTTP threads). Metric and label names are sparkgate's own, in the legacy character set that needs
     no escaping; the test compares the whole text with `generate_latest`'s."""
 
@@ -349,9 +353,10 @@ class RegistryText:
         kept: _Series,
     ) -> str:
         key = (sample.name, tuple(sample.labels.items()))
-        series = known.get(key)
-        if series is None:
-            series = text_series(sample.name, sample.labels)
-        kept[key] = series
+        entry = known.get(key)
+        if entry is None:
+            entry = (key, text_series(sample.name, sample.labels))
+        kept[entry[0]] = entry  # the key made when the series first came: this scrape's dies young
+        series = entry[1]
         stamp = "" if sample.timestamp is None else f" {int(float(sample.timestamp) * 1000):d}"
         return f"{series} {text_value(sample.value)}{stamp}\n"
