@@ -14,7 +14,9 @@ first, then leadership is asked, so a lapse during the wait is caught.
 
 Threading: a `Kube` is shared by every thread (urllib3's pool is thread-safe; its own fields never change
 after construction but `_auth`, the cached authentication headers, which any thread replaces whole). A
-`Reflector` runs in its own thread and owns its resourceVersion and backoff.
+`Reflector` runs in its own thread and owns its resourceVersion and backoff. The decoders of the shapes
+(`decode`) are made once per shape and shared by every thread: a decode holds the GIL and keeps no state
+between calls.
 """
 
 from __future__ import annotations
