@@ -11,11 +11,14 @@ prometheus_client locks each metric.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import Metric, Sample
+from prometheus_client import metrics as _metrics
+from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
@@ -294,6 +297,14 @@ class AllocatorMetrics:
         self.policy_reloads.labels(result).inc()
 
 
+def _labels(names: tuple[str, ...], values: tuple[str, ...], le: str | None = None) -> dict[str, str]:
+    """A child's labels, and a bucket's bound: what `collect()` gives its sample."""
+    labels = dict(zip(names, values, strict=True))
+    if le is not None:
+        labels["le"] = le
+    return labels
+
+
 class RegistryText:
     """A registry's metrics in the text format 0.0.4, the bytes prometheus_client's `generate_latest` writes
     (its default escaping), with each series' name and labels formatted once and kept while the series
@@ -305,7 +316,9 @@ class RegistryText:
     only the series it wrote, so the kept text ends with its series; what it keeps of a series is what was
     made when the series first came (its key and text), never a fresh copy: a scrape's kept copies outlived
     it into the GC's oldest generation, and at 100,000 pods their number set off a full collection of the
-    whole heap every other scrape (bench/scale.py). Thread-safe: one scrape at a time
+    whole heap every other scrape (bench/scale.py). The labelled counters and histograms, nearly all of the
+    samples, are written from their children's values (`_children`), not from the samples `collect()`
+    builds for them, which was all that was left of the registry's scrape. Thread-safe: one scrape at a time
     writes (HTTP threads). Metric and label names are sparkgate's own, in the legacy character set that needs
     no escaping; the test compares the whole text with `generate_latest`'s."""
 
@@ -318,45 +331,111 @@ class RegistryText:
         with self._lock:
             known, kept = self._series, _Series()
             out: list[str] = []
-            for metric in self._registry.collect():
-                name, kind = metric.name, metric.type
-                if kind == "counter":
-                    name += "_total"
-                elif kind == "info":
-                    name, kind = name + "_info", "gauge"
-                elif kind == "stateset":
-                    kind = "gauge"
-                elif kind == "gaugehistogram":
-                    kind = "histogram"
-                elif kind == "unknown":
-                    kind = "untyped"
-                out.append(text_help(name, metric.documentation, kind))
-                # OpenMetrics' samples (a counter's or histogram's _created), each suffix a gauge after it
-                extra: dict[str, list[str]] = {}
-                for sample in metric.samples:
-                    line = self._line(sample, known, kept)
-                    suffix = sample.name[len(metric.name) :] if sample.name.startswith(metric.name) else ""
-                    if suffix in ("_created", "_gsum", "_gcount"):
-                        extra.setdefault(suffix, []).append(line)
-                    else:
-                        out.append(line)
-                for suffix, lines in sorted(extra.items()):
-                    out.append(text_help(metric.name + suffix, metric.documentation, "gauge"))
-                    out.extend(lines)
+            for collector in self._collectors():
+                if isinstance(collector, Counter | Histogram) and cast(Any, collector)._is_parent():
+                    self._children(collector, known, kept, out)
+                else:
+                    for metric in collector.collect():
+                        self._family(metric, known, kept, out)
             self._series = kept
             return "".join(out).encode()
 
+    def _collectors(self) -> list[Any]:
+        """The registry's collectors in the order `CollectorRegistry.collect` calls them."""
+        registry: Any = self._registry
+        with registry._lock:
+            return list(registry._collector_to_names)
+
+    def _family(self, metric: Metric, known: _Series, kept: _Series, out: list[str]) -> None:
+        """One family as `collect()` made it (the samples prometheus_client builds)."""
+        name, kind = metric.name, metric.type
+        if kind == "counter":
+            name += "_total"
+        elif kind == "info":
+            name, kind = name + "_info", "gauge"
+        elif kind == "stateset":
+            kind = "gauge"
+        elif kind == "gaugehistogram":
+            kind = "histogram"
+        elif kind == "unknown":
+            kind = "untyped"
+        out.append(text_help(name, metric.documentation, kind))
+        # OpenMetrics' samples (a counter's or histogram's _created), each suffix a gauge after it
+        extra: dict[str, list[str]] = {}
+        for sample in metric.samples:
+            key = (sample.name, tuple(sample.labels.items()))
+            line = self._line(key, sample.name, sample.labels, sample.value, sample.timestamp, known, kept)
+            suffix = sample.name[len(metric.name) :] if sample.name.startswith(metric.name) else ""
+            if suffix in ("_created", "_gsum", "_gcount"):
+                extra.setdefault(suffix, []).append(line)
+            else:
+                out.append(line)
+        for suffix, lines in sorted(extra.items()):
+            out.append(text_help(metric.name + suffix, metric.documentation, "gauge"))
+            out.extend(lines)
+
+    def _children(self, metric: Any, known: _Series, kept: _Series, out: list[str]) -> None:
+        """A labelled counter or histogram written from its children's values, the samples its `collect()`
+        would build (prometheus_client metrics.py `_multi_samples` and the `_child_samples` of Counter and
+        Histogram) without building them: at 200 namespaces `collect()` was all of the registry's scrape,
+        90 ms on a slow machine (bench/scale.py). The test compares the text with `generate_latest`'s."""
+        name, names = metric._name, metric._labelnames
+        with metric._lock:
+            children = list(metric._metrics.items())
+        created: list[str] = []
+        if isinstance(metric, Counter):
+            out.append(text_help(name + "_total", metric._documentation, "counter"))
+            total = name + "_total"
+            for values, child in children:
+                labels = functools.partial(_labels, names, values)
+                out.append(self._line((total, values), total, labels, child._value.get(), None, known, kept))
+                created.append(self._created(name, values, labels, child, known, kept))
+        else:
+            out.append(text_help(name, metric._documentation, "histogram"))
+            bucket, bounds = name + "_bucket", [text_value(b) for b in metric._upper_bounds]
+            for values, child in children:
+                labels = functools.partial(_labels, names, values)
+                count = 0.0
+                for le, value in zip(bounds, child._buckets, strict=True):
+                    count += value.get()
+                    key, by_le = (bucket, (*values, le)), functools.partial(_labels, names, values, le)
+                    out.append(self._line(key, bucket, by_le, count, None, known, kept))
+                out.append(
+                    self._line((name + "_count", values), name + "_count", labels, count, None, known, kept)
+                )
+                if metric._upper_bounds[0] >= 0:
+                    total = child._sum.get()
+                    out.append(
+                        self._line((name + "_sum", values), name + "_sum", labels, total, None, known, kept)
+                    )
+                created.append(self._created(name, values, labels, child, known, kept))
+        if _metrics._use_created and created:
+            out.append(text_help(name + "_created", metric._documentation, "gauge"))
+            out.extend(created)
+
+    def _created(
+        self, name: str, values: tuple[str, ...], labels: Any, child: Any, known: _Series, kept: _Series
+    ) -> str:
+        if not _metrics._use_created:
+            return ""
+        return self._line(
+            (name + "_created", values), name + "_created", labels, child._created, None, known, kept
+        )
+
     @staticmethod
     def _line(
-        sample: Sample,
+        key: Any,
+        name: str,
+        labels: Any,
+        value: float,
+        timestamp: Any,
         known: _Series,
         kept: _Series,
     ) -> str:
-        key = (sample.name, tuple(sample.labels.items()))
+        """One sample's line; `labels` a mapping, or a function that makes it (called for a new series only)."""
         entry = known.get(key)
         if entry is None:
-            entry = (key, text_series(sample.name, sample.labels))
+            entry = (key, text_series(name, labels() if callable(labels) else labels))
         kept[entry[0]] = entry  # the key made when the series first came: this scrape's dies young
-        series = entry[1]
-        stamp = "" if sample.timestamp is None else f" {int(float(sample.timestamp) * 1000):d}"
-        return f"{series} {text_value(sample.value)}{stamp}\n"
+        stamp = "" if timestamp is None else f" {int(float(timestamp) * 1000):d}"
+        return f"{entry[1]} {text_value(value)}{stamp}\n"
