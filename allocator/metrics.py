@@ -382,14 +382,21 @@ class RegistryText:
         name, names = metric._name, metric._labelnames
         with metric._lock:
             children = list(metric._metrics.items())
-        created: list[str] = []
+        created: list[str] = []  # the children's _created gauges, a family after this one (as `_family`)
+        with_created = _metrics._use_created
+
+        def when_created(values: tuple[str, ...], labels: Any, child: Any) -> None:
+            if with_created:
+                key = (name + "_created", values)
+                created.append(self._line(key, key[0], labels, child._created, None, known, kept))
+
         if isinstance(metric, Counter):
             out.append(text_help(name + "_total", metric._documentation, "counter"))
             total = name + "_total"
             for values, child in children:
                 labels = functools.partial(_labels, names, values)
                 out.append(self._line((total, values), total, labels, child._value.get(), None, known, kept))
-                created.append(self._created(name, values, labels, child, known, kept))
+                when_created(values, labels, child)
         else:
             out.append(text_help(name, metric._documentation, "histogram"))
             bucket, bounds = name + "_bucket", [text_value(b) for b in metric._upper_bounds]
@@ -408,19 +415,10 @@ class RegistryText:
                     out.append(
                         self._line((name + "_sum", values), name + "_sum", labels, total, None, known, kept)
                     )
-                created.append(self._created(name, values, labels, child, known, kept))
-        if _metrics._use_created and created:
+                when_created(values, labels, child)
+        if created:
             out.append(text_help(name + "_created", metric._documentation, "gauge"))
             out.extend(created)
-
-    def _created(
-        self, name: str, values: tuple[str, ...], labels: Any, child: Any, known: _Series, kept: _Series
-    ) -> str:
-        if not _metrics._use_created:
-            return ""
-        return self._line(
-            (name + "_created", values), name + "_created", labels, child._created, None, known, kept
-        )
 
     @staticmethod
     def _line(
