@@ -127,3 +127,19 @@ def test_a_later_requeue_does_not_delay_an_earlier_one_and_many_wait_without_cos
     q.add_after(B, 1.0)  # earlier: ready at 11.5, not at 30.5
     clock.now = 11.5
     assert q.get(0) == {waiting[1], B}
+
+
+def test_an_app_added_while_backing_off_is_ready_when_the_hold_ends_or_the_app_is_forgotten() -> None:
+    q, clock = queue(base=2.0)
+    q.add([A, B])
+    assert q.get(0) == {A, B}
+    q.done(A, ok=False)
+    q.done(B, ok=False)
+    q.add([A, B])  # a watch event during the backoff: waits for it
+    clock.now = 1.0
+    assert q.get(0) == set()
+    q.forget({A})  # B is gone from the cluster: its backoff goes, its add stands
+    assert q.get(0) == {B}
+    clock.now = 2.0
+    assert q.get(0) == {A}  # its hold ended: ready without another add
+    assert q.failures() == {A: (1, 0.0)}
