@@ -213,3 +213,23 @@ def test_the_expected_views_kept_across_steps_follow_every_write_and_every_view_
         if tracked and followed:
             assert set(looked) <= touched, f"step {step}: looked at {set(looked) - touched}, unchanged"
         followed = tracked
+
+
+def test_an_expected_copy_is_kept_while_its_pod_and_its_writes_stay_and_made_again_when_either_changes() -> (
+    None
+):
+    e = Expectations()
+    pods = [pod(str(i)) for i in range(1, 5)]
+    e.released([(KEY, "1"), (KEY, "2"), (KEY, "3")])
+    first = expect(e, snap(*pods)).apps[KEY].pods
+    # The watch shows pod 1 released: the app's view is made again, the copies of 2 and 3 are the same.
+    seen = replace(pods[0], gated=False, gate_index=None)
+    e.observe(pods[0], seen)
+    e.deleted(KEY, "3")  # and pod 3 is deleted: its copy changes
+    second = expect(e, snap(seen, *pods[1:])).apps[KEY].pods
+    assert second[0] is seen and second[1] is first[1] and second[3] is pods[3]
+    assert (second[2].gated, second[2].deleting) == (False, True) and second[2] is not first[2]
+    # A pod changed in the cache (another watch event) is copied from its new record, not the old copy.
+    labelled = replace(pods[1], profile="etl")
+    third = expect(e, snap(seen, labelled, *pods[2:])).apps[KEY].pods
+    assert third[1] == replace(labelled, gated=False, gate_index=None) and third[2] is second[2]
