@@ -117,20 +117,25 @@ class Counts:
 
     @staticmethod
     def of(pods: tuple[PodRecord, ...]) -> Counts:
+        # PodRecord's `in_flight` and `bypassed` spelled out per branch (each view is counted once per change
+        # of its app, a fifth of the loop's time at 10,000 pods with the properties called per pod; the
+        # test compares this with the properties for every combination of the fields they read).
         gated = in_flight = running = other = bypassed = failed = 0
         for pod in pods:
+            phase = pod.phase
             if pod.deleting:
                 other += 1
             elif pod.gated:
                 gated += 1
-            elif pod.in_flight:
+            elif phase == "Pending":
                 in_flight += 1
-            elif pod.phase == "Running":
+                bypassed += pod.profile is None
+            elif phase == "Running":
                 running += 1
+                bypassed += pod.profile is None
             else:
                 other += 1
-            bypassed += pod.bypassed
-            failed += pod.phase == "Failed"
+            failed += phase == "Failed"
         return Counts(gated, in_flight, running, other, bypassed, failed)
 
     @property
@@ -166,8 +171,10 @@ class AppView:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "counts", Counts.of(self.pods))
-        named = [p for p in self.pods if p.profile and p.profile != NO_PROFILE]
-        object.__setattr__(self, "profile", min(named, key=executor_order).profile if named else None)
+        named: set[str | None] = {p.profile for p in self.pods if p.profile and p.profile != NO_PROFILE}
+        if len(named) > 1:  # the policy changed while the app's pods were admitted: the lowest id's
+            named = {min((p for p in self.pods if p.profile in named), key=executor_order).profile}
+        object.__setattr__(self, "profile", named.pop() if named else None)
 
     @property
     def finished(self) -> bool:
