@@ -18,6 +18,7 @@ immutable snapshots.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import sys
 import threading
 from collections import Counter
@@ -37,7 +38,10 @@ Obj = dict[str, Any]
 COPY_VOLUME_PREFIX = "sparkgate-"
 
 
+@functools.lru_cache(maxsize=4096)
 def _timestamp(text: str | None) -> float:
+    """Seconds since the epoch of an RFC 3339 time (0.0: none or not one). Memoized: a pod's creation time is
+    read again at each of its watch events, and the pods of a burst share theirs (one-second resolution)."""
     if not text:
         return 0.0
     try:

@@ -63,7 +63,7 @@ class WorkQueue:
 
     def add(self, keys: Iterable[AppKey]) -> None:
         with self._cond:
-            now = self.monotonic()
+            now = self.monotonic() if self._hold else 0.0  # only a hold is compared with it
             for key in keys:
                 self._mark(key, now)
             self._cond.notify()

@@ -1120,7 +1120,10 @@ def scrape(run: Run, rounds: int = 5) -> dict[str, Any]:
         seconds.append(time.perf_counter() - started)
         size = len(body)
         series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
-    return {"ms": _quantiles([s * 1000 for s in seconds]), "bytes": size, "series": series}
+    ms = [s * 1000 for s in seconds]
+    # The first is the cold one: every series and every app's lines are formatted (later scrapes reuse
+    # what did not change); each round is kept so the cold and the warm can be told apart.
+    return {"ms": _quantiles(ms), "rounds_ms": [round(m, 2) for m in ms], "bytes": size, "series": series}
 
 
 def app_series(run: Run) -> int:
@@ -1431,8 +1434,9 @@ def rows(result: dict[str, Any]) -> list[Row]:
                 f"{size['tick_cpu_ms']['p50']:.1f} ms",
             ),
             Row(
-                f"{n} pods: /metrics scrape at the peak p50 / max ({size['scrape']['series']:,} series)",
-                f"{size['scrape']['ms']['p50']:.1f} / {size['scrape']['ms']['max']:.1f} ms",
+                f"{n} pods: /metrics scrape at the peak p50 / max; first ({size['scrape']['series']:,} series)",
+                f"{size['scrape']['ms']['p50']:.1f} / {size['scrape']['ms']['max']:.1f}; "
+                f"{size['scrape']['rounds_ms'][0]:.1f} ms",
                 f"<= {SCRAPE_TARGET_MS:g} ms" if size["pods"] >= SCRAPE_TARGET_PODS else "",
                 size["scrape"]["ms"]["max"] <= SCRAPE_TARGET_MS
                 if size["pods"] >= SCRAPE_TARGET_PODS
