@@ -27,7 +27,6 @@ thread, as the API server reuses idle HTTP/1.1 connections.
 from __future__ import annotations
 
 import base64
-import copy
 import hashlib
 import http.client
 import json
@@ -41,6 +40,7 @@ from sparkgate.json_patch import PatchError, apply_patch
 
 from . import cel, matching, mutating_policy, podplugins, podrules, policy
 from .errors import ApiError, bad_request, forbidden
+from .jsoncopy import clone
 from .reinvocation import Reinvocation
 from .resources import RESOURCES
 from .store import AdmissionRequest, Obj, Store
@@ -70,7 +70,7 @@ class AdmissionChain:
     def mutate(self, request: AdmissionRequest) -> Obj | None:
         if request.obj is None:
             return None
-        obj = copy.deepcopy(request.obj)
+        obj = clone(request.obj)
         context = Reinvocation()
         obj = self._mutating_phase(request, obj, context)
         if context.should_reinvoke:

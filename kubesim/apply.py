@@ -32,12 +32,12 @@ Pure functions of their arguments; no state.
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import ApiError, bad_request
+from .jsoncopy import clone
 
 Obj = dict[str, Any]
 Path = tuple[str, ...]
@@ -87,7 +87,7 @@ def merge(live: Any, config: Any, field: str = "") -> Any:
     """typed.Merge: `config` merged into `live` (neither is changed). ValueError on an element of an
     associative list that lacks a key, or two elements with the same key."""
     if isinstance(config, dict):
-        out = copy.deepcopy(live) if isinstance(live, dict) else {}
+        out = clone(live) if isinstance(live, dict) else {}
         for key, value in config.items():
             if value is None:
                 out.pop(key, None)
@@ -96,7 +96,7 @@ def merge(live: Any, config: Any, field: str = "") -> Any:
         return out
     if isinstance(config, list) and (field in LIST_KEYS or field in SETS):
         return _merge_list(live if isinstance(live, list) else [], config, field)
-    return copy.deepcopy(config)
+    return clone(config)
 
 
 def _element_key(field: str, element: Any, index: int) -> str:
@@ -142,8 +142,8 @@ def _merge_list(live: list[Any], config: list[Any], field: str) -> list[Any]:
 
     def item(key: str, with_rhs: bool) -> Any:
         if field in SETS:
-            return copy.deepcopy(rhs[key] if with_rhs else lhs[key])
-        return merge(lhs.get(key), rhs[key], "") if with_rhs else copy.deepcopy(lhs[key])
+            return clone(rhs[key] if with_rhs else lhs[key])
+        return merge(lhs.get(key), rhs[key], "") if with_rhs else clone(lhs[key])
 
     while li < len(lkeys) or ri < len(rkeys):
         if li < len(lkeys) and ri < len(rkeys):

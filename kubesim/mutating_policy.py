@@ -44,7 +44,6 @@ request's Reinvocation (reinvocation.py), owned by the admitting thread.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable
 from typing import Any
 
@@ -53,6 +52,7 @@ from sparkgate.json_patch import PatchError, apply_patch
 from . import apply as ssa
 from . import cel, matching, podrules
 from .errors import ApiError, UserInfo, forbidden
+from .jsoncopy import clone
 from .reinvocation import Reinvocation
 from .resources import RESOURCES
 from .selectors import match_label_selector_object
@@ -100,14 +100,14 @@ def apply_policies(
     name. ApiError as the chain would refuse the request. The inputs are not changed."""
     store = Store()
     if namespace is not None:
-        store.create("namespaces", copy.deepcopy(namespace))
+        store.create("namespaces", clone(namespace))
     for param in params:
         plural = _resource_of(param.get("apiVersion", ""), param.get("kind", ""))
         if plural is None:
             raise ValueError(
                 f"kubesim serves no {param.get('apiVersion')} {param.get('kind')} (a param object)"
             )
-        store.create(plural, copy.deepcopy(param), namespace=(param.get("metadata") or {}).get("namespace"))
+        store.create(plural, clone(param), namespace=(param.get("metadata") or {}).get("namespace"))
     kind = obj.get("kind", "")
     resource = next((r.plural for r in RESOURCES.values() if r.kind == kind), None)
     if resource is None:
@@ -126,7 +126,7 @@ def apply_policies(
     )
     policies, bindings = sorted(policies, key=_name), sorted(bindings, key=_name)
     context = Reinvocation()
-    out = _dispatch(store, request, copy.deepcopy(obj), policies, bindings, context)
+    out = _dispatch(store, request, clone(obj), policies, bindings, context)
     if context.should_reinvoke:
         context.is_reinvoke = True
         out = _dispatch(store, request, out, policies, bindings, context)

@@ -14,10 +14,10 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from .errors import invalid
+from .jsoncopy import clone
 
 Obj = dict[str, Any]
 GATES_FORBIDDEN = "Forbidden: only deletion is allowed, but found new scheduling gate '{}'"
@@ -60,7 +60,7 @@ def default_pod(pod: Obj) -> None:
 
 
 def _mutable_masked(spec: Obj, gated: bool) -> Obj:
-    spec = copy.deepcopy(spec)
+    spec = clone(spec)
     for field in ("containers", "initContainers"):
         for container in spec.get(field) or []:
             container.pop("image", None)
@@ -75,8 +75,8 @@ def _mutable_masked(spec: Obj, gated: bool) -> Obj:
 def check_update(old: Obj, new: Obj, subresource: str) -> Obj:
     name = old["metadata"]["name"]
     if subresource == "status":
-        return {**copy.deepcopy(old), "metadata": new["metadata"], "status": new.get("status") or {}}
-    new = {**new, "status": copy.deepcopy(old.get("status") or {})}
+        return {**clone(old), "metadata": new["metadata"], "status": new.get("status") or {}}
+    new = {**new, "status": clone(old.get("status") or {})}
     old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
     old_gates = [g.get("name") for g in old_spec.get("schedulingGates") or []]
     for gate in new_spec.get("schedulingGates") or []:

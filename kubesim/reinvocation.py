@@ -11,9 +11,10 @@ One `Reinvocation` per admitted request, owned by the thread that admits it.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any
+
+from .jsoncopy import clone
 
 Obj = dict[str, Any]
 
@@ -32,7 +33,7 @@ class PluginReinvocation:
         return obj != self.last_output
 
     def set_last_output(self, obj: Obj) -> None:
-        self.last_output = copy.deepcopy(obj)
+        self.last_output = clone(obj)
 
 
 @dataclass

@@ -22,7 +22,6 @@ import base64
 import builtins
 import collections
 import contextlib
-import copy
 import dataclasses
 import datetime as dt
 import json
@@ -48,6 +47,7 @@ from .errors import (
     invalid,
     not_found,
 )
+from .jsoncopy import clone
 from .resources import RESOURCES, Resource
 from .selectors import field_selector, label_selector
 from .strategic import strategic_merge
@@ -331,7 +331,7 @@ class Store:
         self._rv += 1
         if obj is None:
             assert old is not None
-            gone = copy.deepcopy(old)
+            gone = clone(old)
             gone["metadata"]["resourceVersion"] = str(self._rv)
             del self._objects[resource][key]
             stored = gone
@@ -363,7 +363,7 @@ class Store:
         for q in self._quotas(namespace):
             used = quota.used(q, self._pods(namespace))
             if used != (q.get("status") or {}).get("used"):
-                updated = {**copy.deepcopy(q), "status": {**(q.get("status") or {}), "used": used}}
+                updated = {**clone(q), "status": {**(q.get("status") or {}), "used": used}}
                 self._commit("resourcequotas", (namespace, q["metadata"]["name"]), updated, "MODIFIED", q)
 
     def _admit(
@@ -402,7 +402,7 @@ class Store:
         r = _resource(resource)
         if not isinstance(obj, dict):
             raise bad_request("the body is not an object")
-        obj = copy.deepcopy(obj)
+        obj = clone(obj)
         meta = obj.setdefault("metadata", {})
         if r.namespaced:
             body_ns = meta.get("namespace")
@@ -490,7 +490,7 @@ class Store:
             resource,
             namespace,
             name,
-            lambda current: copy.deepcopy(obj),
+            lambda current: clone(obj),
             subresource,
             user,
             wanted_rv,
@@ -517,7 +517,7 @@ class Store:
                     result: Obj = apply_patch(current, body)
                     return result
                 if kind == "application/merge-patch+json":
-                    merged: Obj = copy.deepcopy(merge_patch(current, body))
+                    merged: Obj = clone(merge_patch(current, body))
                     return merged
                 if kind == "application/strategic-merge-patch+json":
                     strategic: Obj = strategic_merge(current, body)
@@ -602,7 +602,7 @@ class Store:
             if resource == "pods":
                 new = podrules.check_update(current, new, subresource)
             elif subresource == "status":
-                new = {**copy.deepcopy(current), "status": new.get("status")}
+                new = {**clone(current), "status": new.get("status")}
             request = None
             if not subresource:
                 request, admitted = self._admit("UPDATE", resource, new, current, user, dry_run)
@@ -654,7 +654,7 @@ class Store:
                 )
             if pod["spec"].get("schedulingGates"):
                 raise conflict("pods/binding", name, f"pod {name} has non-empty .spec.schedulingGates")
-            new = copy.deepcopy(pod)
+            new = clone(pod)
             new["spec"]["nodeName"] = node_name
             node = self._objects["nodes"].get(("", node_name))
             copied = podrules.topology_labels(node) if node is not None else {}
@@ -696,7 +696,7 @@ class Store:
                     grace >= int(meta.get("deletionGracePeriodSeconds") or 0)
                 ):
                     return current  # already being deleted
-                new = copy.deepcopy(current)
+                new = clone(current)
                 new["metadata"]["deletionTimestamp"] = new["metadata"].get(
                     "deletionTimestamp"
                 ) or now_rfc3339(lambda: self.clock() + grace)
@@ -733,7 +733,7 @@ class Store:
             _check_preconditions("namespaces", name, namespace["metadata"], preconditions)
             if namespace["metadata"].get("deletionTimestamp"):
                 return namespace
-            new = copy.deepcopy(namespace)
+            new = clone(namespace)
             new["metadata"]["deletionTimestamp"] = now_rfc3339(self.clock)
             new["spec"] = {"finalizers": ["kubernetes"]}
             new["status"] = {"phase": "Terminating"}
@@ -884,7 +884,7 @@ def _keep_identity(current: Obj, new: Obj, r: Resource) -> Obj:
         meta["managedFields"] = old_meta["managedFields"]
     new["metadata"] = meta
     new["apiVersion"], new["kind"] = r.api_version, r.kind
-    return copy.deepcopy(new)
+    return clone(new)
 
 
 def _same_content(a: Obj, b: Obj) -> bool:

@@ -9,8 +9,9 @@ are a set in the real server; kubesim replaces them).
 
 from __future__ import annotations
 
-import copy
 from typing import Any
+
+from .jsoncopy import clone
 
 MERGE_KEYS = {
     "containers": "name",
@@ -30,10 +31,10 @@ MERGE_KEYS = {
 def strategic_merge(current: Any, patch: Any, field: str = "") -> Any:
     if isinstance(patch, dict):
         if patch.get("$patch") == "replace":
-            return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
+            return {k: clone(v) for k, v in patch.items() if k != "$patch"}
         if patch.get("$patch") == "delete":
             return None
-        out = copy.deepcopy(current) if isinstance(current, dict) else {}
+        out = clone(current) if isinstance(current, dict) else {}
         for key, value in patch.items():
             if key.startswith("$"):
                 continue
@@ -44,7 +45,7 @@ def strategic_merge(current: Any, patch: Any, field: str = "") -> Any:
         return out
     if isinstance(patch, list) and field in MERGE_KEYS and isinstance(current, list):
         key = MERGE_KEYS[field]
-        out_list = copy.deepcopy(current)
+        out_list = clone(current)
         for element in patch:
             if not isinstance(element, dict) or key not in element:
                 continue
@@ -56,8 +57,8 @@ def strategic_merge(current: Any, patch: Any, field: str = "") -> Any:
                 if index is not None:
                     out_list.pop(index)
             elif index is None:
-                out_list.append({k: copy.deepcopy(v) for k, v in element.items() if not k.startswith("$")})
+                out_list.append({k: clone(v) for k, v in element.items() if not k.startswith("$")})
             else:
                 out_list[index] = strategic_merge(out_list[index], element, "")
         return out_list
-    return copy.deepcopy(patch)
+    return clone(patch)
