@@ -245,12 +245,23 @@ class Cache:
             return
         out = _Out()
         with self._lock:
-            self._apply_pod(kind, record, out)
-        self._emit(out, {record.app})
+            changed = self._apply_pod(kind, record, out)
+        if changed:
+            self._emit(out, {record.app})
 
-    def _apply_pod(self, kind: str, record: PodRecord, out: _Out) -> None:
+    def _apply_pod(self, kind: str, record: PodRecord, out: _Out) -> bool:
+        """Apply one event's record (the lock held); False when the cache already held that very record."""
         pods = self._pods.setdefault(record.app, {})
         previous = pods.get(record.name)
+        if (
+            kind != "DELETED"
+            and previous == record
+            and (not record.deleting or record.uid in self._gone_uids)
+        ):
+            # Nothing the allocator reads changed: a kubelet's status update while the pod starts (its
+            # conditions, IPs, a container waiting), a label the driver adds. The app keeps its view and is
+            # not decided again for it.
+            return False
         self._invalidate(record.app)
         if kind == "DELETED":
             pods.pop(record.name, None)
@@ -262,7 +273,7 @@ class Cache:
             self._gone_uids.discard(record.uid)
             if previous is not None:
                 out.changes.append((previous, None))
-            return
+            return True
         if previous is not None and previous.uid != record.uid:
             if previous.uid not in self._gone_uids:
                 out.gone.append((previous, True))  # replaced by a new pod of the same name while we were away
@@ -274,6 +285,7 @@ class Cache:
         if record.deleting and record.uid not in self._gone_uids:
             self._gone_uids.add(record.uid)
             out.gone.append((record, False))
+        return True
 
     def pods_replace(self, items: Iterable[Obj]) -> None:
         """A relist: the new state is the list; what the cache held and the list lacks was deleted. Each

@@ -136,3 +136,35 @@ def test_the_fields_the_reflector_decodes_are_every_field_a_record_reads(
             assert listed == shaped
             compared += 1
     assert compared == 9 * 6
+
+
+def test_an_event_that_changes_nothing_a_record_holds_leaves_the_view_and_decides_nothing() -> None:
+    """A kubelet's status updates while a pod starts (kubelet status_manager: conditions, hostIP, a container
+    waiting in ContainerCreating) and a label added by the driver leave the record as it was: the app keeps
+    its view and is not queued. What the record holds (the phase here) changes both; so does a deletion."""
+    touched: list[set[AppKey]] = []
+    seen: list[tuple[Any, Any]] = []
+    cache = Cache(touched.append, lambda record, removed: None)
+    cache.pod_observers.append(lambda old, new: seen.append((old, new)))
+    pod = released("app-a", 1)
+    cache.pod_event("ADDED", pod)
+    view = cache.snapshot().apps[A]
+    touched.clear(), seen.clear()
+    starting = copy.deepcopy(pod)
+    starting["metadata"]["labels"]["added-by-the-driver"] = "yes"
+    starting["status"] = {
+        "phase": "Pending",
+        "hostIP": "10.0.0.7",
+        "conditions": [{"type": "Initialized", "status": "True"}, {"type": "PodScheduled", "status": "True"}],
+        "containerStatuses": [
+            {"name": "spark-kubernetes-executor", "state": {"waiting": {"reason": "ContainerCreating"}}}
+        ],
+    }
+    cache.pod_event("MODIFIED", starting)
+    assert touched == [] and seen == [] and cache.snapshot().apps[A] is view
+    running = copy.deepcopy(starting)
+    running["status"]["phase"] = "Running"
+    cache.pod_event("MODIFIED", running)
+    assert touched == [{A}] and len(seen) == 1 and cache.snapshot().apps[A].counts.running == 1
+    cache.pod_event("DELETED", running)
+    assert touched == [{A}, {A}] and seen[-1][1] is None and A not in cache.snapshot().apps
