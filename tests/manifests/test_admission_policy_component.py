@@ -130,3 +130,30 @@ def test_on_kubesim_without_a_webhook_executors_are_shaped_gated_and_released_wi
         finally:
             observer.unsubscribe()
             allocator.stop()
+
+
+def _secrets(value: Any) -> list[str]:
+    """The Secrets an object names anywhere (`secret: {name}`)."""
+    if isinstance(value, dict):
+        named = [value["secret"]["name"]] if isinstance(value.get("secret"), dict) else []
+        return named + [s for v in value.values() for s in _secrets(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _secrets(v)]
+    return []
+
+
+def test_the_allocator_is_scraped_in_either_mode_without_the_webhooks_secret(kustomize: ModuleType) -> None:
+    """The Prometheus Operator skips a whole ServiceMonitor whose TLS Secret it cannot read (its log: `skipping
+    servicemonitor ... failed to get ca ...: secrets "..." not found`, prometheus-operator issue #6018). The
+    policy mode makes no sparkgate-webhook-tls, so the monitor of the allocator's port names no Secret, and
+    finds its port on the metrics Service in both modes."""
+    for components in (["prometheus-operator"], [kustomize.ADMISSION_POLICY, "prometheus-operator"]):
+        objects = kustomize.by_kind(kustomize.install(components))
+        ports = {p["name"] for p in objects[("Service", "sparkgate-metrics")]["spec"]["ports"]}
+        monitors = {name: o for (kind, name), o in objects.items() if kind == "ServiceMonitor"}
+        scraping = {name: {e["port"] for e in m["spec"]["endpoints"]} for name, m in monitors.items()}
+        assert scraping == {"sparkgate": {"allocator-http"}, "sparkgate-webhook": {"webhook-https"}}
+        assert _secrets(monitors["sparkgate"]) == [] and "allocator-http" in ports, components
+        assert _secrets(monitors["sparkgate-webhook"]) == [contract.CERT_SECRET]
+        # Without the webhook its monitor finds no port (and its Secret is never made): the operator skips it.
+        assert ("webhook-https" in ports) == (kustomize.ADMISSION_POLICY not in components)
