@@ -20,6 +20,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -190,19 +191,48 @@ def live_certs_requests(tmp_path: Path) -> list[tuple[str, str, str, str | None]
         return found
 
 
-def test_every_call_in_the_code_is_granted(rendered: dict[tuple[str, str], Obj]) -> None:
-    uses = code_uses()
+# The code only one install runs: the webhook's certificates (certs/, the base install), the rendered
+# MutatingAdmissionPolicy (allocator/admission_policy.py, the install without the webhook).
+MODE_ONLY = {"webhook": ("certs/",), "policy": ("allocator/admission_policy.py",)}
+
+
+def mode_uses(mode: str) -> list[Use]:
+    other = "policy" if mode == "webhook" else "webhook"
+    return [u for u in code_uses() if not u.where.startswith(MODE_ONLY[other])]
+
+
+@pytest.fixture(scope="module")
+def installs(
+    kustomize: ModuleType, rendered: dict[tuple[str, str], Obj]
+) -> dict[str, dict[tuple[str, str], Obj]]:
+    """The base install (the webhook's) and the install without the webhook, by mode."""
+    return {"webhook": rendered, "policy": kustomize.by_kind(kustomize.install([kustomize.ADMISSION_POLICY]))}
+
+
+@pytest.mark.parametrize("mode", ["webhook", "policy"])
+def test_every_call_in_the_code_is_granted(
+    installs: dict[str, dict[tuple[str, str], Obj]], mode: str
+) -> None:
+    uses = mode_uses(mode)
     assert {u.resource for u in uses} >= {"pods", "configmaps", "events", "leases"}
-    denied = [u for u in uses if not any(allows(r, u.group, u.resource, u.verb) for r in rules(rendered))]
+    denied = [
+        u for u in uses if not any(allows(r, u.group, u.resource, u.verb) for r in rules(installs[mode]))
+    ]
     assert not denied, denied
 
 
-def test_every_grant_is_used_by_the_code(rendered: dict[tuple[str, str], Obj], tmp_path: Path) -> None:
-    used = {(u.group, u.resource, u.verb) for u in code_uses()}
-    used |= {(g, r, v) for g, r, v, _ in live_certs_requests(tmp_path)}
+@pytest.mark.parametrize("mode", ["webhook", "policy"])
+def test_every_grant_is_used_by_the_code(
+    installs: dict[str, dict[tuple[str, str], Obj]], mode: str, tmp_path: Path
+) -> None:
+    """Both ways, per install: the right to write a MutatingAdmissionPolicy (the power to mutate every pod
+    it matches) only where the allocator writes one, the certificates' rights only where it makes them."""
+    used = {(u.group, u.resource, u.verb) for u in mode_uses(mode)}
+    if mode == "webhook":
+        used |= {(g, r, v) for g, r, v, _ in live_certs_requests(tmp_path)}
     unused = [
         (group, resource, verb)
-        for rule in rules(rendered)
+        for rule in rules(installs[mode])
         for group in rule["apiGroups"]
         for resource in rule["resources"]
         for verb in rule["verbs"]
