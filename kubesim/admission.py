@@ -40,7 +40,7 @@ from sparkgate.json_patch import PatchError, apply_patch
 
 from . import cel, matching, mutating_policy, podplugins, podrules, policy
 from .errors import ApiError, bad_request, forbidden
-from .jsoncopy import clone
+from .jsondata import clone, encode
 from .reinvocation import Reinvocation
 from .resources import RESOURCES
 from .store import AdmissionRequest, Obj, Store
@@ -231,7 +231,7 @@ class WebhookAdmission:
             "pool", {}
         )
         key = (parts.hostname or "", parts.port or 443, ca_bundle, server_name)
-        body = json.dumps(review).encode()
+        body = encode(review)
         for attempt in (1, 2):  # a kept-alive connection the server closed is retried once on a new one
             conn = pool.get(key)
             fresh = conn is None

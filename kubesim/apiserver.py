@@ -24,6 +24,7 @@ import yaml
 
 from .errors import ApiError, UserInfo, bad_request
 from .faults import WRITES, Faults, LoggedRequest, RequestLog
+from .jsondata import encode
 from .resources import RESOURCES, SUBRESOURCES, groups
 from .store import Store
 
@@ -164,7 +165,7 @@ class _Handler(BaseHTTPRequestHandler):
     # --- plumbing -------------------------------------------------------------------------------------
 
     def _send(self, code: int, document: Any, headers: Mapping[str, str] | None = None) -> None:
-        body = json.dumps(document, separators=(",", ":")).encode()
+        body = encode(document)
         rv = ((document.get("metadata") or {}) if isinstance(document, dict) else {}).get("resourceVersion")
         self._record(code, int(rv) if isinstance(rv, str) and rv.isdecimal() else 0)
         self.send_response(code)
@@ -431,7 +432,7 @@ class _Handler(BaseHTTPRequestHandler):
     # --- watch ----------------------------------------------------------------------------------------
 
     def _chunk(self, document: Any) -> None:
-        data = json.dumps(document, separators=(",", ":")).encode() + b"\n"
+        data = encode(document) + b"\n"
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
 

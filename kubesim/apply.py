@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ApiError, bad_request
-from .jsoncopy import clone
+from .jsondata import clone
 
 Obj = dict[str, Any]
 Path = tuple[str, ...]

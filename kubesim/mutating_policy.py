@@ -52,7 +52,7 @@ from sparkgate.json_patch import PatchError, apply_patch
 from . import apply as ssa
 from . import cel, matching, podrules
 from .errors import ApiError, UserInfo, forbidden
-from .jsoncopy import clone
+from .jsondata import clone
 from .reinvocation import Reinvocation
 from .resources import RESOURCES
 from .selectors import match_label_selector_object

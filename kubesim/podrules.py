@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import invalid
-from .jsoncopy import clone
+from .jsondata import clone
 
 Obj = dict[str, Any]
 GATES_FORBIDDEN = "Forbidden: only deletion is allowed, but found new scheduling gate '{}'"

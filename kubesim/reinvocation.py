@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .jsoncopy import clone
+from .jsondata import clone
 
 Obj = dict[str, Any]
 

@@ -47,7 +47,7 @@ from .errors import (
     invalid,
     not_found,
 )
-from .jsoncopy import clone
+from .jsondata import clone
 from .resources import RESOURCES, Resource
 from .selectors import field_selector, label_selector
 from .strategic import strategic_merge

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .jsoncopy import clone
+from .jsondata import clone
 
 MERGE_KEYS = {
     "containers": "name",

@@ -1,4 +1,4 @@
-"""kubesim's copy of a JSON document (kubesim/jsoncopy.py) is copy.deepcopy's: equal, of the same types,
+"""kubesim's copy of a JSON document (kubesim/jsondata.py) is copy.deepcopy's: equal, of the same types,
 sharing nothing mutable, for the captured Spark pods and for what a JSON round trip would change."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kubesim.cel import Typed
-from kubesim.jsoncopy import clone
+from kubesim.jsondata import clone, encode
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "spark-4.3"
 
@@ -54,3 +54,12 @@ def test_what_json_would_change_is_copied_as_deepcopy_copies_it() -> None:
     assert copied["typed"].type_path == ("Object", "spec") and copied["typed"] is not typed
     assert clone(typed).type_path == ("Object", "spec")
     assert clone([1, {"a": 1.0}]) == [1, {"a": 1.0}] and type(clone([1.0])[0]) is float
+
+
+def test_the_encoding_reads_back_as_the_document_and_is_json_dumps_but_for_non_ascii() -> None:
+    for path in sorted(DATA.glob("*.json")):
+        document = json.loads(path.read_text())
+        assert json.loads(encode(document)) == document
+        assert encode(document) == json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+    odd = {"name": "exécuteur-✓", "big": 2**70, 1: "a key that is not a string"}
+    assert json.loads(encode(odd)) == {"name": "exécuteur-✓", "big": 2**70, "1": "a key that is not a string"}
