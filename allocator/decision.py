@@ -228,7 +228,7 @@ def _decide_app(
             out.append(
                 _event(key, first, "Warning", "InvalidAnnotation", problem, f"{key}/annotation/{problem}")
             )
-    bypassed = [pod for pod in pods if pod.bypassed]
+    bypassed = [pod for pod in pods if pod.bypassed] if app.counts.bypassed else []
     if bypassed:
         # One Event per app, on its driver when known: 500 bypassed pods are one Event whose count is 500.
         on = app.driver or bypassed[0]

@@ -87,8 +87,9 @@ def unanswered(pod: PodRecord) -> bool:
 
 
 def refused(pod: PodRecord) -> bool:
-    """Released, in flight and unbound, and the scheduler said it cannot place it."""
-    return pod.in_flight and pod.node is None and pod.unschedulable
+    """Released, in flight and unbound, and the scheduler said it cannot place it. (The rare condition first:
+    the decision asks this of every pod of the app.)"""
+    return pod.unschedulable and pod.node is None and pod.in_flight
 
 
 def observe(window: Window | None, allocation: Allocation, pods: Iterable[PodRecord], now: float) -> Window:
