@@ -217,6 +217,10 @@ class Cache:
         self._on_change = on_change
         self._on_gone = on_gone
         self.pod_observers: list[PodObserver] = []
+        # Whether a change of a pod's record is the allocator's own write that its decisions already count
+        # (Expectations.confirms): the app's view changes, but the app is not decided again for it. At every
+        # release the watch shows each gate removal; deciding the app again for it found nothing new.
+        self.confirms: Callable[[PodRecord, PodRecord], bool] | None = None
         self._pods: dict[AppKey, dict[str, PodRecord]] = {}
         self._drivers: dict[AppKey, DriverRecord] = {}
         self._driver_seen: set[AppKey] = set()
@@ -247,7 +251,14 @@ class Cache:
         with self._lock:
             changed = self._apply_pod(kind, record, out)
         if changed:
-            self._emit(out, {record.app})
+            self._emit(out, set() if self._confirmed(out) else {record.app})
+
+    def _confirmed(self, out: _Out) -> bool:
+        """One pod's change, and the allocator's own write its decisions already count (`confirms`)."""
+        if self.confirms is None or out.gone or len(out.changes) != 1:
+            return False
+        old, new = out.changes[0]
+        return old is not None and new is not None and self.confirms(old, new)
 
     def _apply_pod(self, kind: str, record: PodRecord, out: _Out) -> bool:
         """Apply one event's record (the lock held); False when the cache already held that very record."""
@@ -312,7 +323,8 @@ class Cache:
         for old, new in out.changes:
             for observer in self.pod_observers:
                 observer(old, new)
-        self._on_change(touched)
+        if touched:
+            self._on_change(touched)
 
     # --- drivers -------------------------------------------------------------------------------------
 

@@ -255,6 +255,7 @@ def assemble(
     placement = Placement()
     # The one place where every executor pod change is observed: add observers here.
     cache.pod_observers += [expectations.observe, bind_times.observe, placement.observe]
+    cache.confirms = expectations.confirms
     # The actor's writes wait for the client-side budget; watches, the Lease and the histories do not.
     writes = kube if write_budget is None else kube.limited(write_budget.wait)
     actor = Actor(

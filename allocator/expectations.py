@@ -96,6 +96,16 @@ class Expectations:
             if new is None or new.deleting:
                 self._remove(DELETED, record.uid)
 
+    def confirms(self, old: PodRecord, new: PodRecord) -> bool:
+        """Whether a pod's change is its gate removal by this allocator, not seen yet, and nothing else: the
+        expected view showed it already, so nothing a decision reads changed (the executors reflector, for
+        the cache, before `observe` drops the write). A pod released by anyone else, or changed in more
+        than its gate, is not."""
+        if not old.gated or new.gated or new != replace(old, gated=False, gate_index=None):
+            return False
+        with self._lock:
+            return new.uid in self._writes[RELEASED]
+
     def _add(self, kind: int, app: AppKey, uid: str, now: float) -> None:
         self._remove(kind, uid)
         self._writes[kind][uid] = (app, now)

@@ -233,3 +233,40 @@ def test_an_expected_copy_is_kept_while_its_pod_and_its_writes_stay_and_made_aga
     labelled = replace(pods[1], profile="etl")
     third = expect(e, snap(seen, labelled, *pods[2:])).apps[KEY].pods
     assert third[1] == replace(labelled, gated=False, gate_index=None) and third[2] is second[2]
+
+
+def test_the_watch_event_of_its_own_release_decides_nothing_and_any_other_change_does() -> None:
+    """The cache queues an app at each change of its pods, but not for the watch event of a gate removal the
+    allocator made and its decisions already count (Expectations.confirms): that event changes nothing a
+    decision reads. A gate removed by anyone else, or a release seen together with another change (the pod
+    already bound), is news and queues the app."""
+    queued: list[set[AppKey]] = []
+    cache = Cache(queued.append, lambda record, removed: None)
+    e = Expectations()
+    cache.pod_observers.append(e.observe)
+    cache.confirms = e.confirms
+    key = AppKey("spark", "app")
+
+    def released(n: int, **spec: Any) -> dict[str, Any]:
+        obj = executor("app", n)
+        obj["spec"] = dict(spec)
+        return obj
+
+    for n in range(3):
+        cache.pod_event("ADDED", executor("app", n))
+    assert queued == [{key}] * 3
+    queued.clear()
+    e.released([(key, "app-0"), (key, "app-2")])
+    before = e.apply(cache.snapshot(), e.pending())
+
+    cache.pod_event("MODIFIED", released(0))  # its own release, seen
+    assert queued == []
+    after = e.apply(cache.snapshot(), e.pending())
+    assert after.apps[key].pods == before.apps[key].pods  # what the decision reads is the same
+    assert after.in_flight_by_namespace() == before.in_flight_by_namespace() == {"spark": 2}
+    assert e.pending().by_app[key][1] == {"app-2"}  # the write is seen: no longer expected
+
+    cache.pod_event("MODIFIED", released(0, nodeName="node-1"))  # then bound: news
+    cache.pod_event("MODIFIED", released(1))  # a gate removed by someone else (break-glass)
+    cache.pod_event("MODIFIED", released(2, nodeName="node-1"))  # its release, and bound, in one event
+    assert queued == [{key}] * 3
