@@ -66,6 +66,7 @@ import logging
 import math
 import queue
 import re
+import resource
 import sys
 import threading
 import time
@@ -1100,6 +1101,38 @@ class AllocatorCPU:
         return sum(by_kind.values()) - (self.cluster.served_cpu - self.served), by_kind
 
 
+class Usage:
+    """The whole process's getrusage over the timed phases (both replicas' and the stand-ins' threads): the
+    kernel's part of the CPU and the context switches, per event. Threads that hand the GIL and their locks to
+    one another pay for it in system time and switches, whatever code they run."""
+
+    def __init__(self) -> None:
+        self.spent = [0.0, 0.0, 0, 0]
+        self.resume()
+
+    @staticmethod
+    def _now() -> tuple[float, float, int, int]:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime, r.ru_stime, r.ru_nvcsw, r.ru_nivcsw
+
+    def resume(self) -> None:
+        self.since = self._now()
+
+    def pause(self) -> None:
+        for i, (now, then) in enumerate(zip(self._now(), self.since, strict=True)):
+            self.spent[i] += now - then
+
+    def per_event(self, events: int) -> dict[str, float]:
+        user, system, voluntary, involuntary = self.spent
+        n = max(1, events)
+        return {
+            "user_us": round(user / n * 1e6, 1),
+            "system_us": round(system / n * 1e6, 1),
+            "voluntary_switches": round(voluntary / n, 2),
+            "involuntary_switches": round(involuntary / n, 2),
+        }
+
+
 def processed(run: Run, what: str) -> float:
     """Block until a loop step began after every event appended so far was handled; when it ended."""
     cluster, steps = run.cluster, run.steps
@@ -1179,11 +1212,12 @@ def measure(template: Template, policy: Policy, pods: int, args: argparse.Namesp
     a = start(cluster, spark, policy, "a", http=True, profiler=profiler)
     try:
         a.steps.reset()
-        cpu, allocator = time.thread_time(), AllocatorCPU(cluster)
+        cpu, allocator, usage = time.thread_time(), AllocatorCPU(cluster), Usage()
         began, events_in = feed(a, arrival)
         feeder_cpu = time.thread_time() - cpu
         ended = processed(a, "the peak")
         allocator_cpu, by_thread = allocator.seconds()
+        usage.pause()
         peak = _peak_view(a)
         scraped = scrape(a)
     finally:
@@ -1223,6 +1257,7 @@ def measure(template: Template, policy: Policy, pods: int, args: argparse.Namesp
     try:
         b.steps.reset()
         cpu, allocator = time.thread_time(), AllocatorCPU(cluster)
+        usage.resume()
         down_began, events_out = feed(b, teardown)
         feeder_cpu += time.thread_time() - cpu
         processed(b, "the teardown")
@@ -1233,6 +1268,7 @@ def measure(template: Template, policy: Policy, pods: int, args: argparse.Namesp
         )
         down_ended = b.steps.covered_at
         spent, down_by_thread = allocator.seconds()
+        usage.pause()
         allocator_cpu += spent
         by_thread.update(down_by_thread)
         left = {
@@ -1275,6 +1311,7 @@ def measure(template: Template, policy: Policy, pods: int, args: argparse.Namesp
         "events_per_allocator_cpu_second": round(events / allocator_cpu, 1) if allocator_cpu > 0 else None,
         "stand_in_served_cpu_s": round(cluster.served_cpu, 3),
         "allocator_threads_cpu_s": {k: round(v, 3) for k, v in by_thread.most_common()},
+        "process_per_event": usage.per_event(events),
         **step_figures([a.steps, b.steps], events),
         "steps_until_peak": len(a.steps.wall),
         "peak": peak,
@@ -1422,7 +1459,7 @@ def rows(result: dict[str, Any]) -> list[Row]:
     ]
     for size in result["sizes"]:
         n = f"{size['pods']:,}"
-        step, memory = size["step_cpu_ms"], size.get("memory")
+        step, memory, usage = size["step_cpu_ms"], size.get("memory"), size["process_per_event"]
         out += [
             Row(
                 f"{n} pods: apps / namespaces / events",
@@ -1441,6 +1478,10 @@ def rows(result: dict[str, Any]) -> list[Row]:
                 f" -> {fmt(size['events_per_allocator_cpu_second'] or 0, 0)}",
                 f">= {EVENTS_TARGET:,.0f}",
                 (size["events_per_allocator_cpu_second"] or 0) >= EVENTS_TARGET,
+            ),
+            Row(
+                f"{n} pods: the process per watch event: user / system CPU; context switches (voluntary)",
+                f"{usage['user_us']:.1f} / {usage['system_us']:.1f} us; {usage['voluntary_switches']:.2f}",
             ),
             Row(
                 f"{n} pods: step CPU p50 / p99 / max (wall p99)",

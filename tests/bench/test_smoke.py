@@ -132,6 +132,8 @@ def test_scale(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
         assert size["violation_count"] == 0 and size["writes"]["patch pods"] >= size["released"]
         assert positive(size["events_per_second"]) and positive(size["arrival"]["events_per_second"])
         assert size["arrival"]["events"] + size["teardown"]["events"] == size["events"]
+        usage = size["process_per_event"]  # getrusage over the timed phases: the process did work in them
+        assert usage["user_us"] > 0 and usage["system_us"] >= 0 and usage["voluntary_switches"] >= 0
         assert size["steps"] >= size["steps_until_peak"] > 0
         for figure in ("step_cpu_ms", "step_wall_ms", "keys_per_step"):
             assert 0 <= size[figure]["p50"] <= size[figure]["p99"] <= size[figure]["max"]
