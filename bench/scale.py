@@ -33,7 +33,7 @@ Measured per size: watch events processed per second (wall time from the first e
 of the first loop step after its last event, arrival and teardown; the peak and the hand-over are
 excluded), the loop's steps (`Controller.step` wrapped: `time.thread_time()` CPU, the step's own cost, and
 wall, which includes waiting for the GIL; p50 / p99 / max; keys per step; the tick's steps apart), the
-allocator's `/metrics` scrape at the peak through its real HTTP endpoint (allocator/http.py), and the
+allocator's `/metrics` scrape at the peak through its real HTTP endpoint (allocator/http.py) by a process of its own, as Prometheus scrapes, and the
 memory replica "b" holds at the peak once it has decided every app (up to --trace-up-to pods):
 tracemalloc's traced bytes, traced from before it is assembled (the stand-in's allocations in that window are transient: the listed lines).
 Up to CLASSIFIED_PODS, a snapshot also splits them by owner, each trace by its innermost frame of
@@ -67,11 +67,11 @@ import math
 import queue
 import re
 import resource
+import subprocess
 import sys
 import threading
 import time
 import tracemalloc
-import urllib.request
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -1141,8 +1141,22 @@ def processed(run: Run, what: str) -> float:
     return steps.covered_at
 
 
+# The scraper: a process of its own, as Prometheus is (a client in this process would read the 7 MB answer
+# while holding the GIL the allocator's HTTP thread needs to write it). It times one GET from the request to
+# the last byte, and prints (seconds, bytes, series).
+SCRAPER = """
+import sys, time, urllib.request
+started = time.perf_counter()
+with urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])) as response:
+    body = response.read()
+seconds = time.perf_counter() - started
+print(seconds, len(body), sum(1 for line in body.splitlines() if line and not line.startswith(b"#")))
+"""
+
+
 def scrape(run: Run, rounds: int = 5) -> dict[str, Any]:
-    """The allocator's /metrics through its HTTP endpoint (allocator/http.py), `rounds` times."""
+    """The allocator's /metrics through its HTTP endpoint (allocator/http.py), `rounds` times, each by a
+    scraper process of its own (`SCRAPER`)."""
     assert run.server is not None
     url = f"http://127.0.0.1:{run.server.port}/metrics"
     seconds, gc_seconds, size, series = [], [], 0, 0
@@ -1158,12 +1172,16 @@ def scrape(run: Run, rounds: int = 5) -> dict[str, Any]:
     try:
         for _ in range(rounds):
             gc_seconds.append(0.0)
-            started = time.perf_counter()
-            with urllib.request.urlopen(url, timeout=WAIT) as response:
-                body = response.read()
-            seconds.append(time.perf_counter() - started)
-            size = len(body)
-            series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+            answer = subprocess.run(
+                [sys.executable, "-c", SCRAPER, url, str(WAIT)],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=WAIT * 2,
+            )
+            took, length, count = answer.stdout.split()
+            seconds.append(float(took))
+            size, series = int(length), int(count)
     finally:
         gc.callbacks.remove(timed)
     ms = [s * 1000 for s in seconds]
