@@ -35,13 +35,14 @@ import functools
 import re
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import celpy
 from celpy import celtypes
 from celpy.adapter import json_to_cel
 from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError, Evaluator
+from lark import Tree
 
 PER_CALL_LIMIT = 1_000_000  # k8s.io/apiserver/pkg/apis/cel/config.go PerCallLimit
 RUNTIME_BUDGET = 10_000_000  # RuntimeCELCostBudget: one policy's evaluations together
@@ -186,12 +187,50 @@ class _Metered(Evaluator):
     def sub_evaluator(self, ast: Any) -> Evaluator:
         return _Metered(ast, self.activation, self.limit, self.cost)
 
+    def literal(self, tree: Any) -> Any:
+        """A literal's value, made from its text once per program (a string literal's unescaping was a tenth
+        of a simple matchCondition's evaluation) and kept on its node: CEL values are immutable."""
+        value = getattr(tree, "sparkgate_value", _UNREAD)
+        if value is _UNREAD:
+            value = super().literal(tree)
+            if not isinstance(value, CELEvalError):
+                tree.sparkgate_value = value
+        return value
+
+
+# The levels of the operator grammar below `expr` whose evaluator, with one child, returns that child's value
+# and looks at nothing else (celpy/evaluation.py `conditionalor`, ..., `unary`). Not `expr` itself: a
+# constructor's fields and a map's entries are evaluated as `visit_children(expr_node)[0]`, which is the
+# value only while the node is an `expr`; nor `member`, `primary`, `paren_expr` and `exprlist`, whose kind
+# their parents or they themselves look at.
+_CHAIN = {"conditionalor", "conditionaland", "relation", "addition", "multiplication", "unary"}
+
+
+def _collapsed(tree: Any) -> Any:
+    """The AST without the one-child links of the operator chain: `a.b` parses as nine nested levels of
+    which only `member` and `primary` do anything, and the tree walk paid a visit to each. They cost nothing
+    in `_Metered` (one child, `_PASS_THROUGH`), so the value and the cost of every evaluation are the same
+    (tests/kubesim/test_cel.py compares both on every expression of the manifests and the rendered policy)."""
+    while isinstance(tree, Tree) and tree.data in _CHAIN and len(tree.children) == 1:
+        tree = tree.children[0]
+    if isinstance(tree, Tree):
+        tree.children = [_collapsed(child) for child in tree.children]
+    return tree
+
+
+class _Program(NamedTuple):
+    ast: Any  # the collapsed tree
+    # The activation of the environment's names and the functions, made once: each evaluation works on a
+    # clone of it with its variables (celpy Evaluator.set_activation), never on it.
+    base: Any
+
 
 @functools.lru_cache(maxsize=512)
-def _program(expression: str) -> celpy.Runner:
+def _program(expression: str) -> _Program:
     try:
         with _LOCK:  # the lark parser is not thread-safe
-            return _ENV.program(_ENV.compile(expression), functions=FUNCTIONS)
+            runner = _ENV.program(_ENV.compile(expression), functions=FUNCTIONS)
+            return _Program(_collapsed(runner.ast), runner.new_activation())
     except CELParseError as e:  # cel-go's shape: `ERROR: <input>:LINE:COLUMN: Syntax error: ...`
         raise CelError(
             f"compilation failed: ERROR: <input>:{e.line}:{e.column}: Syntax error: unexpected input"
@@ -313,9 +352,7 @@ def evaluate(expression: str, variables: Inputs | Mapping[str, Any], budget: Bud
     activation = inputs.activation(expression)
     meter = budget or Budget()
     cost = [0]
-    evaluator = _Metered(
-        program.ast, program.new_activation(), min(meter.per_call, meter.remaining + 1), cost
-    )
+    evaluator = _Metered(program.ast, program.base, min(meter.per_call, meter.remaining + 1), cost)
     try:
         result = evaluator.evaluate(activation)
     except CELEvalError as e:

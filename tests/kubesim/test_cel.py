@@ -3,13 +3,23 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kubesim.cel import Inputs, evaluate
+from kubesim import cel as kubesim_cel
+from kubesim.cel import RUNTIME_BUDGET, Budget, CelError, Inputs, evaluate
 from sparkgate import cel
+from sparkgate.policy import Policy
+from sparkgate.render import render
+
+REPO = Path(__file__).resolve().parents[2]
+DATA, MANIFESTS = REPO / "tests" / "data" / "spark-4.3", REPO / "manifests"
 
 OBJECTS: st.SearchStrategy[dict[str, Any]] = st.dictionaries(
     st.text(alphabet="abc", min_size=1, max_size=3),
@@ -44,3 +54,76 @@ def test_one_conversion_serves_every_expression_of_an_admission() -> None:
     assert evaluate("object.metadata.labels['spark-role']", inputs) == "executor"
     assert evaluate("has(object.spec.containers) && size(object.spec.containers) == 0", inputs) is True
     assert evaluate("object", inputs) == pod
+
+
+def _every_expression(node: Any) -> list[str]:
+    """The CEL expressions of a manifest or a policy object (`expression` and `messageExpression` fields)."""
+    if isinstance(node, dict):
+        found = [
+            v for k, v in node.items() if k in ("expression", "messageExpression") and isinstance(v, str)
+        ]
+        return found + [e for v in node.values() for e in _every_expression(v)]
+    if isinstance(node, list):
+        return [e for v in node for e in _every_expression(v)]
+    return []
+
+
+def _outcome(expression: str, variables: dict[str, Any]) -> tuple[str, Any, int]:
+    """What kubesim's evaluation gives: ("value", v) or ("error", message), and the cost it charged."""
+    budget = Budget()
+    try:
+        result: tuple[str, Any] = ("value", evaluate(expression, Inputs(variables), budget))
+    except CelError as e:
+        result = ("error", str(e))
+    return (*result, RUNTIME_BUDGET - budget.remaining)
+
+
+def test_the_collapsed_tree_evaluates_to_the_same_value_and_cost(
+    example_policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kubesim walks each expression's tree without the one-child links of the operator chain (kubesim/cel.py
+    `_collapsed`): every expression of the manifests and of the rendered example policy, and expressions of
+    every operator, give the same value or error and the same cost as on the tree cel-python parsed, on a
+    captured Spark executor pod."""
+    review = json.loads((DATA / "etl-nightly-exec-1.admissionreview.json").read_text())
+    request = review["request"]
+    variables = {
+        "object": request["object"],
+        "oldObject": request["object"],
+        "request": {**request, "dryRun": False},
+        "params": None,
+        "namespaceObject": {"metadata": {"name": "spark", "labels": {"team": "etl"}}},
+        "variables": {},
+    }
+    manifests = [
+        doc
+        for path in sorted(MANIFESTS.rglob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
+    expressions = _every_expression(manifests) + _every_expression(render(example_policy).objects)
+    expressions += [
+        "1 + 2 * 3 - 4 / 2 % 3 > 4 ? 'big' : 'small'",
+        "-(1 + 2) < 0 && !false || 1 / 0 == 1",
+        "object.metadata.name.startsWith('etl') && size(object.spec.containers) >= 1",
+        "object.spec.containers.map(c, c.name).filter(n, n != '').exists_one(n, n.endsWith('executor'))",
+        "object.spec.containers.all(c, has(c.env) && c.env.exists(e, e.name == 'SPARK_EXECUTOR_ID'))",
+        "has(object.metadata.labels) && 'spark-role' in object.metadata.labels",
+        "object.metadata.no.such.field",
+        "[1, 2, 3][5]",
+        "(object.metadata.name + '-x').split('-').join('/')",
+        "{'a': 1, 'b': [1, (2 + 3)]}['b'][1] == 5 ? object.metadata : {}",
+    ]
+    assert len(expressions) >= 30  # the manifests' (gate policy, webhooks, ...), the policy's, these
+    collapsed = [_outcome(e, variables) for e in expressions]
+    monkeypatch.setattr(kubesim_cel, "_collapsed", lambda tree: tree)
+    kubesim_cel._program.cache_clear()
+    try:
+        parsed = [_outcome(e, variables) for e in expressions]
+    finally:
+        monkeypatch.undo()
+        kubesim_cel._program.cache_clear()
+    for expression, a, b in zip(expressions, collapsed, parsed, strict=True):
+        assert a == b, expression
+    assert {kind for kind, _, _ in collapsed} == {"value", "error"}  # both outcomes were compared
+    assert all(cost > 0 for _, _, cost in collapsed)
