@@ -1,7 +1,7 @@
 """The policy probe: would the live API server admit the executor pods that each profile shapes?
 
 A profile that the API server refuses kills Spark applications (each refused creation is an executor
-failure; DESIGN.md), and only the cluster knows whether its PriorityClass, service account or runtime
+failure; docs/real-cluster-facts.md), and only the cluster knows whether its PriorityClass, service account or runtime
 class exist, what its namespaces' PodSecurity levels, LimitRanges and quotas allow, and what other
 admission policies and webhooks say. So, for each profile and each namespace it matches, the probe builds
 an executor pod as a Spark 4.3 driver sends it (the captured pod shipped in sparkgate/examples/executor-pod.json,

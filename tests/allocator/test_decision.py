@@ -140,23 +140,26 @@ def test_previous_batch_must_be_bound_and_batch_delay_passed() -> None:
 
 def test_a_batch_cut_short_is_topped_up_within_its_window() -> None:
     # Spark had created one pod when the app's first batch (of 3) went; the two it created next join that
-    # batch once it is bound, without waiting a whole delay; then the window is full.
+    # batch at once, bound or not (the app still has at most a batch unbound), without waiting a whole delay;
+    # then the window is full, and the next batch waits for the delay and for this one to be bound.
     first = [pod("a", 1)]
     p = policy(batch=3, delay=1)
     d = decide(snap(view("a", first)), p, 100.0, {})
     assert released(d) == ["a-exec-1"]
     more = [pod("a", 1, gated=False), pod("a", 2), pod("a", 3), pod("a", 4)]
-    assert released(decide(snap(view("a", more)), p, 100.2, d.memory)) == []  # the short batch is unbound
-    more[0] = replace(more[0], node="n")
-    topped = decide(snap(view("a", more)), p, 100.3, d.memory)
+    topped = decide(snap(view("a", more)), p, 100.2, d.memory)
     assert released(topped) == ["a-exec-2", "a-exec-3"]
     mem = topped.memory[AppKey("spark", "a")]
     # The delay counts from the top-up: no span shorter than the delay sees more than one batch.
-    assert mem.last_release_at == 100.3 and mem.last_batch == {"a-exec-1", "a-exec-2", "a-exec-3"}
-    bound = [more[0]] + [replace(q, gated=False, node="n") for q in more[1:3]] + [more[3]]
+    assert mem.last_release_at == 100.2 and mem.last_batch == {"a-exec-1", "a-exec-2", "a-exec-3"}
+    released_3 = [more[0]] + [replace(q, gated=False) for q in more[1:3]] + [more[3]]
+    assert released(decide(snap(view("a", released_3)), p, 100.3, topped.memory)) == []  # the window is full
+    unbound = decide(snap(view("a", released_3)), p, 101.2, topped.memory)
+    assert released(unbound) == [] and unbound.settings[AppKey("spark", "a")].waiting_on == "previous-batch"
+    bound = [replace(q, node="n") for q in released_3[:3]] + [more[3]]
     full = decide(snap(view("a", bound)), p, 101.0, topped.memory)
-    assert released(full) == [] and full.due == {AppKey("spark", "a"): 101.3}
-    assert released(decide(snap(view("a", bound)), p, 101.3, topped.memory)) == ["a-exec-4"]
+    assert released(full) == [] and full.due == {AppKey("spark", "a"): 101.2}
+    assert released(decide(snap(view("a", bound)), p, 101.2, topped.memory)) == ["a-exec-4"]
 
 
 def test_namespace_and_cluster_budgets_bind_and_apps_take_turns_oldest_first() -> None:
@@ -177,6 +180,29 @@ def test_namespace_and_cluster_budgets_bind_and_apps_take_turns_oldest_first() -
     # The next turn: c and a just had a batch, so b (still waiting) goes first.
     assert d.memory[AppKey("spark", "b")].waiting_since == 100.0
     assert d.memory[AppKey("spark", "c")].waiting_since == 100.0
+
+
+def test_an_app_the_cluster_budget_cut_short_keeps_its_place_and_tops_up_before_its_batch_binds() -> None:
+    # The CI failure of 2026-11-25 (tests/allocator/test_integration.py, three apps under a cluster budget of
+    # three batches): the app cut to 2 had to wait for those 2 to bind, and the others, whose batches bound
+    # sooner, took every slot that freed meanwhile: turns of 5, 5 and 2, the same app short each time.
+    p = policy(batch=5, cluster=12)
+    memory = {
+        AppKey("spark", n): AppMemory(waiting_since=t) for n, t in (("a", 10.0), ("b", 20.0), ("c", 30.0))
+    }
+    first = decide(snap(*(view(n, [pod(n, i) for i in range(1, 11)]) for n in "abc")), p, 100.0, memory)
+    assert Counter(name[0] for name in released(first)) == {"a": 5, "b": 5, "c": 2}
+    waiting = {k.app_id: m.waiting_since for k, m in first.memory.items()}
+    assert waiting == {"a": 100.0, "b": 100.0, "c": 30.0}  # c is owed 3: it keeps its place in the line
+    # a's batch binds and starts: 5 slots free. c's 2 are not bound yet; it goes first and gets its 3.
+    a = view("a", [pod("a", i, gated=False, node="n", phase="Running") for i in range(1, 6)])
+    a = replace(a, pods=a.pods + tuple(pod("a", i) for i in range(6, 11)))
+    b = view("b", [pod("b", i, gated=i > 5) for i in range(1, 11)])
+    c = view("c", [pod("c", i, gated=i > 2) for i in range(1, 11)])
+    second = decide(snap(a, b, c), p, 100.1, first.memory)
+    assert released(second) == ["c-exec-3", "c-exec-4", "c-exec-5"]
+    assert second.settings[AppKey("spark", "a")].waiting_on == "delay"
+    assert second.memory[AppKey("spark", "c")].waiting_since == 100.1  # had its batch: to the back
 
 
 def test_budget_never_negative_with_bypassed_pods_and_bypass_is_reported() -> None:
