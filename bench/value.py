@@ -93,6 +93,15 @@ def compare(report: dict[str, Any]) -> dict[str, Any]:
             return None
         return round(max(app["submitted_s"] + app["all_running_after_s"] for app in apps), 2)
 
+    def all_created(run: dict[str, Any]) -> float | None:
+        """When the drivers had created every executor, from the start of the run (None if none was)."""
+        ends = [
+            app["submitted_s"] + app["all_created_after_s"]
+            for app in run["apps"].values()
+            if app.get("all_created_after_s") is not None
+        ]
+        return round(max(ends), 2) if ends else None
+
     done_without, done_with = completion(without), completion(with_)
     last_without, last_with = last(without), last(with_)
     running_without, running_with = all_running(without), all_running(with_)
@@ -133,6 +142,24 @@ def compare(report: dict[str, Any]) -> dict[str, Any]:
             "with": running_with,
             "ratio": ratio(running_with, running_without),
         },
+        # The fill split in two: how fast the drivers created the executors (the API server's time per
+        # creation: the webhook's admission is in it), and how long each executor took from its creation
+        # to running (the gate, the pacing, the scheduler and the kubelet are in it).
+        "all_created_after_s": {
+            "without": all_created(without),
+            "with": all_created(with_),
+            "ratio": ratio(all_created(with_), all_created(without)),
+        },
+        "executor_start_p50_s": {
+            "without": without["executor_start_s"]["p50"],
+            "with": with_["executor_start_s"]["p50"],
+            "ratio": ratio(with_["executor_start_s"]["p50"], without["executor_start_s"]["p50"]),
+        },
+        "executor_start_p90_s": {
+            "without": without["executor_start_s"]["p90"],
+            "with": with_["executor_start_s"]["p90"],
+            "ratio": ratio(with_["executor_start_s"]["p90"], without["executor_start_s"]["p90"]),
+        },
         "demo_exit_code": report["demo_exit_code"],
     }
 
@@ -156,6 +183,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ("scheduling_attempts", lambda c: c["scheduling_attempts"]),
         ("all_complete_after_s", lambda c: c["all_complete_after_s"]),
         ("all_running_after_s", lambda c: c["all_running_after_s"]),
+        ("all_created_after_s", lambda c: c["all_created_after_s"]),
+        ("executor_start_p50_s", lambda c: c["executor_start_p50_s"]),
+        ("executor_start_p90_s", lambda c: c["executor_start_p90_s"]),
     ):
         summary[figure] = {
             side: med(lambda c, get=get, side=side: get(c)[side]) for side in ("without", "with", "ratio")
@@ -217,6 +247,16 @@ def rows(result: dict[str, Any]) -> list[Row]:
         Row(
             "every executor running after (without / with)",
             side_by_side(s["all_running_after_s"], " s", 1),
+        ),
+        Row(
+            "  of which: every executor created after (without / with)",
+            side_by_side(s["all_created_after_s"], " s", 1),
+        ),
+        Row(
+            "  each executor, creation -> running p50; p90 (without / with)",
+            side_by_side(s["executor_start_p50_s"], " s", 2)
+            + "; "
+            + side_by_side(s["executor_start_p90_s"], " s", 2),
         ),
         Row(
             "last app complete after (without / with)",

@@ -43,6 +43,7 @@ class AppState:
         None  # when all its executors first ran at once, seconds since the run started
     )
     complete: float | None = None  # seconds since the run started
+    last_created: float | None = None  # its latest executor's creation, seconds since the run started
 
     def work_at(self, now: float) -> float:
         return self.work_done + self.running * max(0.0, now - self.since)
@@ -66,6 +67,11 @@ class AppState:
             if self.all_running is None
             else round(self.all_running - self.submitted, 2),
             "complete_after_s": None if self.complete is None else round(self.complete - self.submitted, 2),
+            # How long its driver took to create its executors: with a roomy cluster, the API server's time
+            # per creation (Spark creates them one after another), which no pacing changes.
+            "all_created_after_s": None
+            if self.last_created is None
+            else round(self.last_created - self.submitted, 2),
             "deleted_before_running": self.deleted,
         }
 
@@ -94,6 +100,8 @@ class Tracker:
         self.peak_unscheduled = 0
         self.peak_gated = 0
         self.bypassed = 0  # executor pods without the sparkgate.io/profile annotation (with sparkgate)
+        self.created: dict[str, float] = {}  # by uid, until the pod first runs or goes: when it was created
+        self.start_latencies: list[float] = []  # each executor's creation -> first Running, seconds
 
     def now(self) -> float:
         return self.clock() - self.started
@@ -127,6 +135,14 @@ class Tracker:
             now = self.now()
             uid = meta.get("uid", "")
             old = self.pods.pop(uid, None)
+            if old is None and new is not None:
+                self.created[uid] = now
+                if new.app in self.apps:
+                    self.apps[new.app].last_created = now
+            if new is not None and new.running and (created := self.created.pop(uid, None)) is not None:
+                self.start_latencies.append(now - created)
+            elif new is None:
+                self.created.pop(uid, None)
             if (
                 old is None
                 and new is not None
@@ -175,6 +191,16 @@ class Tracker:
             app.complete = at
 
 
+def start_latency(seconds: list[float]) -> dict[str, float | int | None]:
+    """Executors' creation -> first Running: how many, and the median, 90th percentile and largest, in s."""
+    ordered = sorted(seconds)
+
+    def at(q: float) -> float | None:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3) if ordered else None
+
+    return {"n": len(ordered), "p50": at(0.5), "p90": at(0.9), "max": at(1.0)}
+
+
 @dataclass
 class RunResult:
     sparkgate: bool
@@ -186,6 +212,7 @@ class RunResult:
     api_requests: Counter[str] = field(default_factory=Counter)  # by who: drivers, sparkgate, other
     bypassed: int = 0
     endpoints: dict[str, str] = field(default_factory=dict)
+    start_latencies: list[float] = field(default_factory=list)  # each executor's creation -> first Running
 
     @property
     def complete(self) -> bool:
@@ -201,6 +228,7 @@ class RunResult:
             "scheduling_attempts": self.scheduling_attempts,
             "api_requests": dict(self.api_requests),
             "bypassed_pods": self.bypassed,
+            "executor_start_s": start_latency(self.start_latencies),
             "apps": self.apps,
         }
 
@@ -342,6 +370,7 @@ class Run:
             by_who,
             tracker.bypassed if self.sparkgate else 0,
             self.endpoints,
+            list(tracker.start_latencies),
         )
 
     @staticmethod

@@ -126,13 +126,17 @@ def test_tracker_counts_states_peaks_and_integrates_work() -> None:
     assert (tracker.unscheduled, app.waiting, app.bound) == (1, 1, 1)
     clock.now = 1.0
     tracker.on_change("MODIFIED", "pods", pod("p1", "app-1", gated=False, node="n1", phase="Running"))
+    assert tracker.start_latencies == [1.0]  # created at 0, running at 1
     assert (app.running, app.first_running, app.due(1.0)) == (1, 1.0, 7.0)  # 6 s of work at one executor
     clock.now = 2.0
     tracker.on_change("MODIFIED", "pods", pod("p2", "app-1", gated=False, node="n1", phase="Running"))
     assert app.work_at(2.0) == 1.0 and app.due(2.0) == 4.5  # 5 s left at two executors
+    assert tracker.start_latencies == [1.0, 2.0] and tracker.created == {}
+    clock.now = 3.0
     tracker.on_change("ADDED", "pods", pod("p3", "app-1", gated=True))
     tracker.on_change("DELETED", "pods", pod("p3", "app-1", gated=True))
-    assert app.deleted == 1 and tracker.gated == 0
+    assert app.deleted == 1 and tracker.gated == 0 and tracker.created == {}  # never ran: no latency
+    assert app.summary()["all_created_after_s"] == 3.0
     tracker.finish(app, 4.5)
     assert app.summary()["complete_after_s"] == 4.5 and app.summary()["first_executor_after_s"] == 1.0
     assert app.summary()["all_running_after_s"] == 2.0  # both of its executors ran from then on
