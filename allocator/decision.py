@@ -1,4 +1,5 @@
-"""The allocator's rule (docs/architecture.md, "The allocator's rule"), as a pure function of the cluster state, the policy, the time and memory.
+"""The allocator's rule (docs/architecture.md), as a pure function of the cluster state, the policy, the time
+and memory.
 
 For each application that has gated pods, in order of how long it has been waiting (oldest first), at most
 one batch per decision:
@@ -8,8 +9,8 @@ one batch per decision:
 released in executor-id order, only when the app's previous batch is bound to nodes (or gone) and
 `batchDelaySeconds` has passed since its last release; a batch cut short is topped up within its delay.
 Budgets are never negative: pods that came through without sparkgate count toward them and can only make
-them zero. An app that just got its batch goes to the back of the line, one that a shared budget cut short
-keeps its place, so when a namespace or the cluster budget binds, apps take turns of a batch each.
+them zero. An app that just got a batch goes to the back of the line, so when a namespace or the cluster
+budget binds, apps take turns.
 
 Settled details:
 - "in flight" = released, not being deleted, phase Pending (PodRecord.in_flight);
@@ -318,12 +319,11 @@ def _decide_app(
 
 
 def _waiting_event_at(mem: AppMemory) -> float | None:
-    """When the app's Waiting Event may be said next: WAITING_EVENT_SECONDS after it began waiting or last
-    had a release (an app cut short keeps its place in the line, not its silence), and
+    """When the app's Waiting Event may be said next: WAITING_EVENT_SECONDS after it began waiting, and
     WAITING_EVENT_REPEAT_SECONDS after it was last said (None: it is not waiting)."""
     if mem.waiting_since is None:
         return None
-    at = max(mem.waiting_since, mem.last_release_at or mem.waiting_since) + WAITING_EVENT_SECONDS
+    at = mem.waiting_since + WAITING_EVENT_SECONDS
     if mem.waiting_said_at is not None:
         at = max(at, mem.waiting_said_at + WAITING_EVENT_REPEAT_SECONDS)
     return at
@@ -385,11 +385,10 @@ def _release(
         # A batch is at most batchSize pods, and the next one follows batchDelaySeconds after its last
         # release, once the batch before it is bound. One cut short (Spark had not created the pods yet, or
         # a budget bound) is topped up within its delay as pods and room come, bound or not: the app never
-        # has more than batchSize pods the scheduler has not answered (every earlier batch was before this
-        # one began), and a
-        # first release of the one pod Spark created first no longer adds a batch to the ramp. Waiting for
-        # the short batch to bind first let apps whose batches bound sooner take every room that freed
-        # meanwhile: on a shared budget one app got 2 pods a turn while the others got 5, turn after turn.
+        # has more than batchSize pods the scheduler has not answered (every earlier batch was answered
+        # before this one began), and a first release of the one pod Spark created first adds no batch to
+        # the ramp. Topping up only once bound let the apps whose batches bound sooner take every slot that
+        # freed meanwhile: under a shared budget one app got 2 pods a turn while the others got 5, each turn.
         window = (
             mem.last_release_at is not None and now - mem.last_release_at < allocation.batch_delay_seconds
         )
@@ -442,13 +441,7 @@ def _release(
     mem.last_batch = mem.last_batch | names if window else names
     mem.last_release_at = now
     mem.pacing = pacing.released(pace, names, now)
-    # An app that got its batch goes to the back of the line; one that a namespace or the cluster budget cut
-    # short keeps its place, owed the rest of its batch: so apps take turns of a batch each, not of whatever
-    # room happened to be free when their turn came.
-    if len(gated) <= n:
-        mem.waiting_since = None
-    elif not any(scope in ("namespace", "cluster") for scope in binding) or mem.waiting_since is None:
-        mem.waiting_since = now
+    mem.waiting_since = now if len(gated) > n else None
     return ((binding[0], rooms[binding[0]][1]) if binding and len(gated) > n else None), actions
 
 

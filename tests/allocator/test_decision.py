@@ -182,7 +182,7 @@ def test_namespace_and_cluster_budgets_bind_and_apps_take_turns_oldest_first() -
     assert d.memory[AppKey("spark", "c")].waiting_since == 100.0
 
 
-def test_an_app_the_cluster_budget_cut_short_keeps_its_place_and_tops_up_before_its_batch_binds() -> None:
+def test_a_batch_a_shared_budget_cut_short_is_topped_up_before_it_binds() -> None:
     # The CI failure of 2026-11-25 (tests/allocator/test_integration.py, three apps under a cluster budget of
     # three batches): the app cut to 2 had to wait for those 2 to bind, and the others, whose batches bound
     # sooner, took every slot that freed meanwhile: turns of 5, 5 and 2, the same app short each time.
@@ -192,17 +192,19 @@ def test_an_app_the_cluster_budget_cut_short_keeps_its_place_and_tops_up_before_
     }
     first = decide(snap(*(view(n, [pod(n, i) for i in range(1, 11)]) for n in "abc")), p, 100.0, memory)
     assert Counter(name[0] for name in released(first)) == {"a": 5, "b": 5, "c": 2}
-    waiting = {k.app_id: m.waiting_since for k, m in first.memory.items()}
-    assert waiting == {"a": 100.0, "b": 100.0, "c": 30.0}  # c is owed 3: it keeps its place in the line
-    # a's batch binds and starts: 5 slots free. c's 2 are not bound yet; it goes first and gets its 3.
+    # a's batch binds and starts: 5 slots free. c's 2 are not bound yet: it tops its batch up with 3 (at most
+    # a batch unbound), while a waits for its delay and b for its batch to bind.
     a = view("a", [pod("a", i, gated=False, node="n", phase="Running") for i in range(1, 6)])
     a = replace(a, pods=a.pods + tuple(pod("a", i) for i in range(6, 11)))
     b = view("b", [pod("b", i, gated=i > 5) for i in range(1, 11)])
     c = view("c", [pod("c", i, gated=i > 2) for i in range(1, 11)])
     second = decide(snap(a, b, c), p, 100.1, first.memory)
     assert released(second) == ["c-exec-3", "c-exec-4", "c-exec-5"]
-    assert second.settings[AppKey("spark", "a")].waiting_on == "delay"
-    assert second.memory[AppKey("spark", "c")].waiting_since == 100.1  # had its batch: to the back
+    waiting_on = {k.app_id: s.waiting_on for k, s in second.settings.items()}
+    assert waiting_on == {"a": "delay", "b": "previous-batch", "c": None}
+    # Its batch is full now: the rest waits for the delay and for the batch to bind.
+    third = decide(snap(a, b, c), p, 100.1, second.memory)
+    assert released(third) == [] and third.settings[AppKey("spark", "c")].waiting_on == "previous-batch"
 
 
 def test_budget_never_negative_with_bypassed_pods_and_bypass_is_reported() -> None:

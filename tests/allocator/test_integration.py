@@ -100,13 +100,13 @@ def test_three_apps_share_the_cluster_budget_and_take_turns(system: Any) -> None
         lambda: all(running(cluster, d.app_id) == 30 for d in drivers), timeout=120, what="90 running"
     )
     assert observer.violations == [] and observer.max_in_flight["cluster"] <= 15
-    # While all three wait, the cluster budget (three batches) binds and they take turns of a batch each
-    # (an app the budget cut short keeps its place until it has had its batch): no app gets ahead of
-    # another by more than two turns (one turn of the rotation, one more while an app is held by its own
-    # unbound previous batch and lets the others go), counted in pods because the allocator releases
-    # different apps' batches side by side (their PATCHes interleave): two batches of 5, plus 4 of a batch
-    # being released. (A bound from the rule, not from timings: 5 measured in 10 of 10 runs. Before an app
-    # cut short kept its place it was 15 in 4 of 10, turns of 5, 5 and 2 with the same app short each time.)
+    # While all three wait, the cluster budget (three batches) binds and they take turns: no app gets
+    # ahead of another by more than two turns (one turn of the rotation, one more while an app is held by
+    # its own unbound previous batch and lets the others go), counted in pods because the allocator
+    # releases different apps' batches side by side (their PATCHes interleave): two batches of 5, plus 4
+    # of a batch being released. (A bound from the rule, not from timings: 5 measured in 20 of 20 runs.
+    # Before a batch cut short was topped up ahead of its bind it was 15 in 4 of 10 runs, in turns of 5, 5
+    # and 2 pods with the same app short each time: tests/allocator/test_decision.py.)
     released: Counter[str] = Counter()
     contested = 0
     for app, waiting in observer.release_order:

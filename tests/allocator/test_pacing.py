@@ -190,9 +190,9 @@ def test_a_full_cluster_apps_take_turns_instead_of_one_being_held_by_its_unsched
             seen.append({n: sum(p.in_flight for p in cluster.pods[n].values()) for n in "ab"})
         return seen
 
-    # Each freed slot goes to a: the cluster budget cut its batch short at 2 while b had its 10, so it keeps
-    # its place in the line until it has had its batch; the cluster cap holds all along.
-    assert run("adaptive") == [{"a": 3, "b": 9}, {"a": 3, "b": 9}, {"a": 4, "b": 8}]
+    # Each freed slot goes to the app that waited longest: a (tie at 100, by name), then b (a just had one),
+    # then a again; the cluster cap holds all along.
+    assert run("adaptive") == [{"a": 3, "b": 9}, {"a": 2, "b": 10}, {"a": 3, "b": 9}]
     assert run("fixed") == [{"a": 2, "b": 9}, {"a": 1, "b": 9}, {"a": 1, "b": 8}]  # both held for good
 
 
