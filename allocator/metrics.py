@@ -25,7 +25,9 @@ from prometheus_client.utils import floatToGoString
 from .model import DeletionReason
 
 _Key = tuple[str, tuple[tuple[str, str], ...]]  # (sample name, labels)
-_Series = dict[_Key, tuple[_Key, str]]  # a series' key -> (the same key, the series' text)
+# A series' key -> (the same key, the series' text); a labelled histogram's child: (its name, its label
+# values) -> (the same key, the texts of all of its series).
+_Series = dict[Any, tuple[Any, str | tuple[str, ...]]]
 # The text format's rules, as prometheus_client's writer applies them (exposition.py `generate_latest`): one
 # definition for the registry's text (RegistryText) and the tracked gauges' (status.py AppsCollector).
 LABEL_ESCAPES = str.maketrans({"\\": r"\\", "\n": r"\n", '"': r"\""})  # a label value's
@@ -305,6 +307,20 @@ def _labels(names: tuple[str, ...], values: tuple[str, ...], le: str | None = No
     return labels
 
 
+def _histogram_series(
+    name: str, names: tuple[str, ...], values: tuple[str, ...], bounds: tuple[str, ...], with_sum: bool
+) -> tuple[str, ...]:
+    """A histogram child's series texts, as `text_series` makes them: each bucket's (its bound `le` among
+    the child's labels, by name), then _count's and, when the histogram has one, _sum's."""
+    pairs = [(k, f'{k}="{v.translate(LABEL_ESCAPES)}"') for k, v in zip(names, values, strict=True)]
+    own = "{" + ",".join(text for _, text in sorted(pairs)) + "}"
+    buckets = [
+        name + "_bucket{" + ",".join(text for _, text in sorted([*pairs, ("le", f'le="{le}"')])) + "}"
+        for le in bounds
+    ]
+    return (*buckets, name + "_count" + own, *((name + "_sum" + own,) if with_sum else ()))
+
+
 class RegistryText:
     """A registry's metrics in the text format 0.0.4, the bytes prometheus_client's `generate_latest` writes
     (its default escaping), with each series' name and labels formatted once and kept while the series
@@ -399,23 +415,24 @@ class RegistryText:
                 when_created(values, labels, child)
         else:
             out.append(text_help(name, metric._documentation, "histogram"))
-            bucket, bounds = name + "_bucket", [text_value(b) for b in metric._upper_bounds]
+            bounds = tuple(text_value(b) for b in metric._upper_bounds)
+            with_sum = metric._upper_bounds[0] >= 0
             for values, child in children:
-                labels = functools.partial(_labels, names, values)
-                count = 0.0
-                for le, value in zip(bounds, child._buckets, strict=True):
+                # One entry per child, all of its series (a dozen buckets, _count, _sum): a scrape looks it
+                # up once, not once per bucket, and a new child's labels are escaped and sorted once.
+                entry = known.get((name, values))
+                if entry is None:
+                    key = (name, values)
+                    entry = (key, _histogram_series(name, names, values, bounds, with_sum))
+                kept[entry[0]] = entry
+                texts, count = cast("tuple[str, ...]", entry[1]), 0.0
+                for text, value in zip(texts[: len(bounds)], child._buckets, strict=True):
                     count += value.get()
-                    key, by_le = (bucket, (*values, le)), functools.partial(_labels, names, values, le)
-                    out.append(self._line(key, bucket, by_le, count, None, known, kept))
-                out.append(
-                    self._line((name + "_count", values), name + "_count", labels, count, None, known, kept)
-                )
-                if metric._upper_bounds[0] >= 0:
-                    total = child._sum.get()
-                    out.append(
-                        self._line((name + "_sum", values), name + "_sum", labels, total, None, known, kept)
-                    )
-                when_created(values, labels, child)
+                    out.append(f"{text} {text_value(count)}\n")
+                out.append(f"{texts[len(bounds)]} {text_value(count)}\n")
+                if with_sum:
+                    out.append(f"{texts[-1]} {text_value(child._sum.get())}\n")
+                when_created(values, functools.partial(_labels, names, values), child)
         if created:
             out.append(text_help(name + "_created", metric._documentation, "gauge"))
             out.extend(created)
