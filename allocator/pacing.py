@@ -16,8 +16,10 @@ verdict as the signal, as TCP uses acknowledgements:
   batch bound), except that a pod the scheduler called unschedulable has had its answer: it no longer holds
   the app's next batch, so the app takes its turn at the namespace and cluster budgets when they free up
   (under `fixed`, one unschedulable pod held its app for good: docs/real-cluster-facts.md);
-- recover: a round released under the fixed rule that is bound in time, while no pod of the app is
-  unschedulable any more, starts slow start again from `batchSize`.
+- recover: once no pod of the app is unschedulable any more and none waits for the scheduler's answer (the
+  refused pods bound at last, or a round released under the fixed rule bound in time), slow start begins
+  again from `batchSize`. (Waiting for a fixed-rule round first cost a batch delay at each refill of a full
+  cluster: when an app ended, the others' pods beyond the cap were released `batchSize` per delay.)
 
 The namespace and cluster limits on pods in flight, and `maxPendingPerApp`, hold in both modes (decision.py
 applies them after the window), so unschedulable pods never exceed the caps. There is no capacity model:
@@ -113,8 +115,10 @@ def observe(window: Window | None, allocation: Allocation, pods: Iterable[PodRec
         return Window(allocation.batch_size, Reason.UNSCHEDULABLE, waiting, len(waiting))
     if any(now - at >= allocation.slow_bind_seconds for at in waiting.values()):
         return Window(allocation.batch_size, Reason.SLOW_BIND, waiting, len(waiting))
-    if window.round and not waiting:
-        # grown by the pods of the round bound; or recovered: slow start again
+    if not waiting and (window.round or not window.growing):
+        # grown by the pods of the round bound; or recovered: slow start again, as soon as nothing of the
+        # app is refused or unanswered (the pods refused leave the round: when they are bound at last, the
+        # scheduler has placed all it was given, and room has come)
         size = window.size + bound if window.growing else allocation.batch_size
         size = max(allocation.batch_size, min(size, top))
         return Window(size, Reason.CEILING if size >= top else Reason.SLOW_START)

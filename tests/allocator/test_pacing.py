@@ -169,6 +169,20 @@ def test_fixed_pacing_keeps_todays_rule_an_unschedulable_pod_holds_its_app() -> 
     assert cluster.window() == Window(10, Reason.FIXED) and d.due == {}
 
 
+def test_once_the_refused_pods_are_bound_slow_start_begins_again_without_a_fixed_round() -> None:
+    # `large` (docs/performance.md): when an app ended, the freed slots beyond the released pods waited for
+    # the others' fixed-rule batches, batchSize per delay, before a round bound in time let them grow again.
+    cluster, policy = Cluster(("a", 200)), adaptive(batch=10)
+    cluster.decide(policy, 100.0)
+    cluster.answer("a", refuse=10)  # the cluster is full: every pod released is refused
+    d = cluster.decide(policy, 100.2)
+    assert cluster.window().reason is Reason.UNSCHEDULABLE and released(d) == []  # the batch delay
+    cluster.answer("a", run=10)  # room came: the scheduler placed every pod it had refused
+    d = cluster.decide(policy, 100.4)  # within the delay: no fixed round needed first
+    assert cluster.window() == Window(10, Reason.SLOW_START, cluster.window().round, 10)
+    assert len(released(d)) == 10
+
+
 def test_a_full_cluster_apps_take_turns_instead_of_one_being_held_by_its_unschedulable_pod() -> None:
     # The real cluster's second app ran nothing for the whole run, held by "previous batch not yet bound
     # (1 pods)" (docs/real-cluster-facts.md). Adaptive: a refused pod is answered, its app takes its turns.
