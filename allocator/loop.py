@@ -77,7 +77,10 @@ class Options:
     identity: str = contract.ALLOCATOR_SERVICE_ACCOUNT
     lease_name: str = contract.ALLOCATOR_LEASE
     tick: float = 1.0
-    step_apps: int = 128  # apps decided at most per step: a tick's or a burst's apps take several steps
+    # Apps decided at most per step: a tick's or a burst's apps take several steps. A decision at 100,000 pods
+    # is ~120 µs of CPU per app; with 128, a run whose steps coalesced ~39 events each had steps of 65 apps
+    # at p99, 7.8 ms (bench/scale.py, 2026-11-26), above the 5 ms target. 32 bounds a step near 4 ms.
+    step_apps: int = 32
     history_flush: float = 2.0
     history_retention: float = 3600.0
     client_grace: float = 300.0  # a client-mode app with no sign of life this long is over (registry.py)
