@@ -13,6 +13,8 @@ HTTP threads only read (see the threading model in loop.py).
 from __future__ import annotations
 
 import json
+import logging
+import sys
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,6 +32,25 @@ if TYPE_CHECKING:
 
 # An ExtenderArgs with 5,000 full Node objects (a scheduler that is not nodeCacheCapable) is a few MiB.
 MAX_BODY = 16 * 1024 * 1024
+# A client that went away before its answer was written: kube-scheduler giving up on the extender at its
+# httpTimeout (500 ms in components/scheduler), Prometheus at its scrape timeout.
+GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
+
+log = logging.getLogger(__name__)
+
+
+class _Listener(ThreadingHTTPServer):
+    """socketserver's own `handle_error` prints "Exception occurred during processing of request from ..."
+    and the traceback to stderr, outside the allocator's log format. A client gone away is a debug line;
+    any other failure of a handler is logged with its traceback."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], GONE):
+            log.debug("HTTP client %s went away before its answer: %s", client_address, sys.exc_info()[1])
+        else:
+            log.exception("HTTP request from %s failed", client_address)
 
 
 class StatusServer:
@@ -60,8 +81,7 @@ class StatusServer:
             def do_POST(self) -> None:
                 server.handle_post(self)
 
-        self._http = ThreadingHTTPServer((host, port), Handler)
-        self._http.daemon_threads = True
+        self._http = _Listener((host, port), Handler)
         self.port = self._http.server_address[1]
         self._thread = threading.Thread(target=self._http.serve_forever, name="allocator-http", daemon=True)
 
