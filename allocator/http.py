@@ -47,8 +47,9 @@ class _Listener(ThreadingHTTPServer):
     daemon_threads = True
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        if isinstance(sys.exc_info()[1], GONE):
-            log.debug("HTTP client %s went away before its answer: %s", client_address, sys.exc_info()[1])
+        error = sys.exc_info()[1]
+        if isinstance(error, GONE):
+            log.debug("HTTP client %s went away before its answer: %s", client_address, error)
         else:
             log.exception("HTTP request from %s failed", client_address)
 

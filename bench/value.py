@@ -102,9 +102,17 @@ def compare(report: dict[str, Any]) -> dict[str, Any]:
         ]
         return round(max(ends), 2) if ends else None
 
+    def start(run: dict[str, Any], q: float) -> float | None:
+        """The q-th percentile of the executors' creation -> first Running, seconds (None: none ran)."""
+        seconds = run["executor_start_s"]
+        return round(common.percentile(seconds, q), 3) if seconds else None
+
+    def side_by_side(get: Any) -> dict[str, float | None]:
+        """A figure of each run, and with / without."""
+        a, b = get(without), get(with_)
+        return {"without": a, "with": b, "ratio": ratio(b, a)}
+
     done_without, done_with = completion(without), completion(with_)
-    last_without, last_with = last(without), last(with_)
-    running_without, running_with = all_running(without), all_running(with_)
     return {
         "peak_unscheduled": {
             "without": without["peak_unscheduled_executor_pods"],
@@ -115,11 +123,7 @@ def compare(report: dict[str, Any]) -> dict[str, Any]:
             ),
         },
         "peak_gated_with": with_["peak_gated_executor_pods"],
-        "scheduling_attempts": {
-            "without": without["scheduling_attempts"],
-            "with": with_["scheduling_attempts"],
-            "ratio": ratio(with_["scheduling_attempts"], without["scheduling_attempts"]),
-        },
+        "scheduling_attempts": side_by_side(lambda run: run["scheduling_attempts"]),
         "api_requests": {
             "without": without["api_requests"],
             "with": with_["api_requests"],
@@ -132,34 +136,14 @@ def compare(report: dict[str, Any]) -> dict[str, Any]:
         "completion_ratio_per_app": {
             name: ratio(done_with.get(name), done_without.get(name)) for name in sorted(done_without)
         },
-        "all_complete_after_s": {
-            "without": last_without,
-            "with": last_with,
-            "ratio": ratio(last_with, last_without),
-        },
-        "all_running_after_s": {
-            "without": running_without,
-            "with": running_with,
-            "ratio": ratio(running_with, running_without),
-        },
+        "all_complete_after_s": side_by_side(last),
+        "all_running_after_s": side_by_side(all_running),
         # The fill split in two: how fast the drivers created the executors (the API server's time per
         # creation: the webhook's admission is in it), and how long each executor took from its creation
         # to running (the gate, the pacing, the scheduler and the kubelet are in it).
-        "all_created_after_s": {
-            "without": all_created(without),
-            "with": all_created(with_),
-            "ratio": ratio(all_created(with_), all_created(without)),
-        },
-        "executor_start_p50_s": {
-            "without": without["executor_start_s"]["p50"],
-            "with": with_["executor_start_s"]["p50"],
-            "ratio": ratio(with_["executor_start_s"]["p50"], without["executor_start_s"]["p50"]),
-        },
-        "executor_start_p90_s": {
-            "without": without["executor_start_s"]["p90"],
-            "with": with_["executor_start_s"]["p90"],
-            "ratio": ratio(with_["executor_start_s"]["p90"], without["executor_start_s"]["p90"]),
-        },
+        "all_created_after_s": side_by_side(all_created),
+        "executor_start_p50_s": side_by_side(lambda run: start(run, 0.5)),
+        "executor_start_p90_s": side_by_side(lambda run: start(run, 0.9)),
         "demo_exit_code": report["demo_exit_code"],
     }
 

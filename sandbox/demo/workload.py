@@ -191,16 +191,6 @@ class Tracker:
             app.complete = at
 
 
-def start_latency(seconds: list[float]) -> dict[str, float | int | None]:
-    """Executors' creation -> first Running: how many, and the median, 90th percentile and largest, in s."""
-    ordered = sorted(seconds)
-
-    def at(q: float) -> float | None:
-        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3) if ordered else None
-
-    return {"n": len(ordered), "p50": at(0.5), "p90": at(0.9), "max": at(1.0)}
-
-
 @dataclass
 class RunResult:
     sparkgate: bool
@@ -228,7 +218,7 @@ class RunResult:
             "scheduling_attempts": self.scheduling_attempts,
             "api_requests": dict(self.api_requests),
             "bypassed_pods": self.bypassed,
-            "executor_start_s": start_latency(self.start_latencies),
+            "executor_start_s": [round(x, 3) for x in self.start_latencies],  # creation -> first Running
             "apps": self.apps,
         }
 
