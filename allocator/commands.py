@@ -64,6 +64,13 @@ def register(subparsers: Any) -> None:
     a.add_argument(
         "--tick", type=float, default=1.0, help="seconds between full decisions (time-based conditions)"
     )
+    a.add_argument(
+        "--batch-period",
+        type=float,
+        default=0.005,
+        help="seconds an app's decision waits after the first watch event that changed it, so that a burst's "
+        "events are decided once",
+    )
     a.add_argument("--lease-duration", type=float, default=15.0)
     a.add_argument("--renew-deadline", type=float, default=10.0)
     a.add_argument("--retry-period", type=float, default=2.0)
@@ -427,6 +434,7 @@ def run_allocator(args: argparse.Namespace) -> int:
         identity=args.identity,
         lease_name=args.lease_name,
         tick=args.tick,
+        batch_period=args.batch_period,
         lease_duration=args.lease_duration,
         renew_deadline=args.renew_deadline,
         retry_period=args.retry_period,

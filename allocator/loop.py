@@ -78,9 +78,16 @@ class Options:
     lease_name: str = contract.ALLOCATOR_LEASE
     tick: float = 1.0
     # Apps decided at most per step: a tick's or a burst's apps take several steps. A decision at 100,000 pods
-    # is ~120 µs of CPU per app; with 128, a run whose steps coalesced ~39 events each had steps of 65 apps
-    # at p99, 7.8 ms (bench/scale.py, 2026-11-26), above the 5 ms target. 32 bounds a step near 4 ms.
-    step_apps: int = 32
+    # is ~120-140 µs of CPU per app; with 128, a run whose steps coalesced ~39 events each had steps of 65
+    # apps at p99, 7.8 ms (bench/scale.py, 2026-11-26), and with 32 and the batch period (below), whose
+    # steps take 32 apps at p99, 4.8 ms: above or at the 5 ms target. 16 bounds a step near 2.5 ms.
+    step_apps: int = 16
+    # How long an app's decision waits after the first watch event that changed it, so that the events of a
+    # burst (a batch of executors created, their binds, their kubelets' updates) are decided once, as
+    # kube-controller-manager's job controller batches a Job's pod updates (1 s there). 5 ms: deciding
+    # per ~3.5 events cost ~2x the CPU per event of deciding per ~20 at 10,000 pods (bench/scale.py), and
+    # 5 ms is small beside a bind's latency.
+    batch_period: float = 0.005
     history_flush: float = 2.0
     history_retention: float = 3600.0
     client_grace: float = 300.0  # a client-mode app with no sign of life this long is over (registry.py)
@@ -152,7 +159,7 @@ class Controller:
     # --- inputs (reflector and actor threads) -----------------------------------------------------------
 
     def on_change(self, apps: set[AppKey]) -> None:
-        self.queue.add(apps)
+        self.queue.add(apps, self.options.batch_period)
 
     def on_gone(self, record: PodRecord, removed: bool) -> None:
         with self._gone_lock:

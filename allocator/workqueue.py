@@ -5,6 +5,9 @@
   actions carried out); an app added meanwhile is taken again after `done`, never concurrently.
 - Requeue-after: `add_after` makes an app ready at a given time (the end of its batch delay); the times
   are kept in a heap, so a `get` costs per app ready, not per app waiting for its time.
+- A batch period: `add(keys, delay)` makes each app ready `delay` after the first change of a burst, and
+  the rest of the burst joins that decision. The loop is woken only when an app is due sooner than all
+  before it, not at every event.
 - An app added while it is processing or backing off waits apart from the ready ones (client-go's dirty set
   beside its queue), so a `get` costs per app ready, not per app added: the loop is woken at every add,
   and scanning the apps the actor was still writing for at each wake was 13 % of the loop's CPU at 10,000
@@ -61,12 +64,31 @@ class WorkQueue:
         self._holds: list[tuple[float, AppKey]] = []  # (time, app) of `_hold`, with stale entries skipped
         self._closed = False
 
-    def add(self, keys: Iterable[AppKey]) -> None:
+    def add(self, keys: Iterable[AppKey], delay: float = 0.0) -> None:
+        """The apps need a decision. With a `delay`, each is ready that long from now unless it is ready or
+        due sooner already, so the changes that come within it are decided once (a batch period: client-go's
+        `AddAfter`, as kube-controller-manager's job controller batches the pod updates of a Job,
+        pkg/controller/job/job_controller.go `enqueueSyncJobBatched`)."""
+        if delay > 0.0:
+            self._add_batched(keys, self.monotonic() + delay)
+            return
         with self._cond:
             now = self.monotonic() if self._hold else 0.0  # only a hold is compared with it
             for key in keys:
                 self._mark(key, now)
             self._cond.notify()
+
+    def _add_batched(self, keys: Iterable[AppKey], at: float) -> None:
+        with self._cond:
+            heap, due = self._heap, self._due
+            first = heap[0][0] if heap else math.inf
+            for key in keys:
+                if key in self._ready or at >= due.get(key, math.inf):
+                    continue
+                due[key] = at
+                heapq.heappush(heap, (at, key))
+            if heap and heap[0][0] < first:
+                self._cond.notify()  # the loop waits until the first app due: only an earlier one wakes it
 
     def _mark(self, key: AppKey, now: float) -> None:
         """The app needs a decision: ready, or after its processing or its hold (the lock held)."""

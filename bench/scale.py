@@ -956,11 +956,11 @@ class Steps:
                     self.covered, self.covered_at = delivered, end
                     self.cond.notify_all()
 
-        def add_keys(keys: Any) -> None:
+        def add_keys(keys: Any, delay: float = 0.0) -> None:
             # The loop thread adds keys outside a step only for its tick (Controller.run).
             if threading.get_ident() == self.loop_thread and not self._in_step:
                 self._tick_pending = True
-            add(keys)
+            add(keys, delay)
 
         controller.step = timed_step  # type: ignore[method-assign]
         controller.queue.add = add_keys  # type: ignore[method-assign]

@@ -91,7 +91,9 @@ def controller(tmp_path: Path) -> Iterator[tuple[Controller, HeldActor]]:
         kube = Kube.from_kubeconfig(str(cluster.kubeconfig("admin")))
         policy = write_policy(tmp_path / "policy.yaml", batch=4, delay=0, per_app=10, per_ns=10, cluster=4)
         source = PolicySource(str(policy), "sparkgate-system")
-        c = assemble(kube, source, Options(backoff_base=0.0), AllocatorMetrics()).controller
+        # No batch period: the tests take the cache's news from the queue at once (test_workqueue has it).
+        options = Options(backoff_base=0.0, batch_period=0.0)
+        c = assemble(kube, source, options, AllocatorMetrics()).controller
         c.actor.close()
         actor = HeldActor()
         c.actor = actor  # type: ignore[assignment]

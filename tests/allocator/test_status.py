@@ -54,7 +54,9 @@ def follower(tmp_path: Path) -> Iterator[tuple[Allocator, StatusServer]]:
         kube = Kube.from_kubeconfig(str(cluster.kubeconfig("admin")))
         (tmp_path / "policy.yaml").write_text(POLICY)
         source = PolicySource(str(tmp_path / "policy.yaml"), contract.INSTALL_NAMESPACE)
-        allocator = assemble(kube, source, Options(identity="follower"), AllocatorMetrics())
+        # No batch period: the test takes the cache's news from the queue at once (test_workqueue has it).
+        options = Options(identity="follower", batch_period=0.0)
+        allocator = assemble(kube, source, options, AllocatorMetrics())
         server = StatusServer(allocator.controller, allocator.extender, "127.0.0.1", 0)
         server.start()
         yield allocator, server

@@ -129,6 +129,42 @@ def test_a_later_requeue_does_not_delay_an_earlier_one_and_many_wait_without_cos
     assert q.get(0) == {waiting[1], B}
 
 
+def test_a_batch_period_decides_the_changes_of_a_burst_once_from_its_first() -> None:
+    q, clock = queue()
+    q.add([A], 0.005)
+    assert q.get(0) == set()  # within its batch period
+    clock.now = 0.003
+    q.add([A, B], 0.005)  # A's burst goes on: A stays due at 0.005, B's period begins
+    clock.now = 0.005
+    assert q.get(0) == {A}
+    q.add([A], 0.005)  # changed while being decided: due at 0.010, taken after done
+    clock.now = 0.008
+    assert q.get(0) == {B}
+    clock.now = 0.010
+    assert q.get(0) == set()
+    q.done(A)
+    assert q.get(0) == {A}
+    q.done(A)
+    q.done(B)
+    assert q.get(0) == set()
+
+
+def test_an_app_ready_now_is_not_held_back_by_a_batch_period() -> None:
+    q, clock = queue()
+    q.add([A])  # a tick, a policy change: ready at once
+    q.add([A], 0.005)
+    assert q.get(0) == {A}
+    q.done(A)
+    clock.now = 1.0
+    assert q.get(0) == set()  # the batched add joined the decision it was ready for
+
+
+def test_get_waits_for_a_batched_add_from_another_thread() -> None:
+    q = WorkQueue(Backoff())
+    threading.Timer(0.05, q.add, args=([A], 0.01)).start()
+    assert q.get(30) == {A}
+
+
 def test_an_app_added_while_backing_off_is_ready_when_the_hold_ends_or_the_app_is_forgotten() -> None:
     q, clock = queue(base=2.0)
     q.add([A, B])
