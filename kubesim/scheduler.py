@@ -224,6 +224,17 @@ class Scheduler:
         # pod's resources cannot change: podrules.check_update); forgotten when the pod is deleted. Written
         # by the scheduler thread, popped by the store's dispatching thread.
         self._requests: dict[str, tuple[int, int]] = {}
+        # What the pods bound to each node request, kept from the store's events as kube-scheduler's cache
+        # keeps its NodeInfos (pkg/scheduler/backend/cache): a wake costs per node, not per pod of the
+        # cluster. `_placed` is each live bound pod's (node, cpu, memory) by uid, `_used` their sums per
+        # node; `_seen_rv` the last pod event applied, `_bound_rv` the scheduler's own last bind: a wake
+        # waits until its binds are in (the assumed pods of kube-scheduler's cache). Written by the store's
+        # dispatching thread and read by the scheduler thread, under `_cache`.
+        self._cache = threading.Condition()
+        self._placed: dict[str, tuple[str, int, int]] = {}
+        self._used: dict[str, tuple[int, int, int]] = {}
+        self._seen_rv = 0
+        self._bound_rv = 0
 
     def start(self) -> None:
         self._unsubscribe = self.store.subscribe(self._on_event)
@@ -269,10 +280,32 @@ class Scheduler:
                 self._unschedulable.pop(key, None)
             if kind == "DELETED":
                 self._requests.pop(obj["metadata"].get("uid", ""), None)
+            self._account(kind, obj)
             if kind == "DELETED" or not live(obj) or key in self._queue:
                 self._wake.set()
         elif resource == "nodes":
             self._wake.set()
+
+    def _account(self, kind: str, pod: Obj) -> None:
+        """A pod event into the per-node sums: a live pod bound to a node counts there until it ends."""
+        meta = pod["metadata"]
+        uid = meta.get("uid", "")
+        node = (pod.get("spec") or {}).get("nodeName")
+        placed = (node, *self._requests_of(pod)) if node and kind != "DELETED" and live(pod) else None
+        with self._cache:
+            previous = self._placed.pop(uid, None)
+            if previous is not None:
+                self._add(previous, -1)
+            if placed is not None:
+                self._placed[uid] = placed
+                self._add(placed, 1)
+            self._seen_rv = max(self._seen_rv, int(meta.get("resourceVersion") or 0))
+            self._cache.notify_all()
+
+    def _add(self, placed: tuple[str, int, int], sign: int) -> None:
+        node, cpu, mem = placed
+        c, m, n = self._used.get(node, (0, 0, 0))
+        self._used[node] = (c + sign * cpu, m + sign * mem, n + sign)
 
     def _run(self) -> None:
         next_bind = 0.0
@@ -307,9 +340,11 @@ class Scheduler:
                 if self.bind_latency and self._stop.wait(self.bind_latency):
                     return
                 try:
-                    self.store.bind(key[0], key[1], node)
+                    bound = self.store.bind(key[0], key[1], node)
                 except ApiError:
                     continue
+                with self._cache:
+                    self._bound_rv = int(bound["metadata"]["resourceVersion"])
                 self.binds += 1
                 self._queue.pop(key, None)
                 self._unschedulable.pop(key, None)
@@ -335,13 +370,14 @@ class Scheduler:
                 int(alloc.get("pods", "110")),
             )
         self._allocatable = {name: (c, m) for name, (c, m, _) in free.items()}
-        pods, _, _ = self.store.list_objects("pods")
-        for pod in pods:
-            name = (pod.get("spec") or {}).get("nodeName")
-            if name in free and live(pod):
-                cpu, mem = self._requests_of(pod)
-                c, m, n = free[name]
-                free[name] = (c - cpu, m - mem, n - 1)
+        with self._cache:
+            # The store delivers events outside its lock, by whichever thread committed last: this
+            # scheduler's last bind may still be on its way here.
+            self._cache.wait_for(lambda: self._seen_rv >= self._bound_rv, timeout=10.0)
+            for name, (cpu, mem, pods) in self._used.items():
+                if name in free:
+                    c, m, n = free[name]
+                    free[name] = (c - cpu, m - mem, n - pods)
         self._nodes = {n["metadata"]["name"]: n for n in sorted(nodes, key=lambda n: n["metadata"]["name"])}
         return free
 

@@ -243,6 +243,39 @@ def test_scheduler_binds_ungated_pods_that_fit_respecting_taints(
     assert [p["metadata"]["name"] for p in unbound] == ["p8", "p9"], "first come, first served"
 
 
+def test_a_pod_that_ends_or_is_deleted_frees_its_room_for_a_waiting_pod(
+    cluster: Cluster, core: client.CoreV1Api
+) -> None:
+    """kube-scheduler counts a bound pod on its node until the pod is deleted or terminated: its informer of
+    assigned pods leaves out Succeeded and Failed pods (pkg/scheduler/eventhandlers.go, the pod informer's
+    field selector status.phase!=Succeeded,status.phase!=Failed). kubesim's scheduler keeps the same sums
+    from the store's events (kubesim/scheduler.py `_account`)."""
+    for i in range(10):  # 2 nodes x 4 CPU: room for 8 pods of 1 CPU
+        core.create_namespaced_pod("spark", pod(f"p{i}"))
+    store = cluster.store
+
+    def bound() -> set[str]:
+        return {
+            p["metadata"]["name"] for p in store.list_objects("pods", "spark")[0] if p["spec"].get("nodeName")
+        }
+
+    def refused(name: str) -> bool:
+        conditions = store.get("pods", "spark", name)["status"].get("conditions", [])
+        return any(c.get("reason") == "Unschedulable" for c in conditions)
+
+    cluster.wait_for(lambda: len(bound()) == 8 and refused("p8") and refused("p9"), what="8 bound, 2 refused")
+    running = lambda n: store.get("pods", "spark", n)["status"]["phase"] == "Running"  # noqa: E731
+    cluster.wait_for(lambda: running("p0") and running("p1"), what="p0 and p1 running")
+    cluster.kubelet.succeed("spark", "p0")
+    cluster.wait_for(lambda: "p8" in bound(), what="p8 bound in the room p0 left")
+    assert not refused("p8") and "p9" not in bound()
+    core.delete_namespaced_pod("p1", "spark", grace_period_seconds=0)
+    cluster.wait_for(lambda: "p9" in bound(), what="p9 bound in the room p1 left")
+    core.create_namespaced_pod("spark", pod("p10"))
+    cluster.wait_for(lambda: refused("p10"), what="p10 refused: 8 live pods fill the nodes again")
+    assert bound() == {f"p{i}" for i in range(10)} - {"p1"}
+
+
 def test_kubelet_runs_fails_and_evicts_pods(cluster: Cluster, core: client.CoreV1Api) -> None:
     for name in ("a", "b", "c"):
         core.create_namespaced_pod("spark", pod(name))
