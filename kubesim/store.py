@@ -121,6 +121,11 @@ class Store:
         self._dispatch_lock = threading.Lock()
         # The open watches of each resource, under the lock (the committing thread offers them each event).
         self._watchers: dict[str, builtins.list[Watch]] = collections.defaultdict(builtins.list)
+        # Each owner uid's dependents, (resource, key) of the objects naming it in their ownerReferences, kept
+        # by `_commit` under the lock, as kube-controller-manager's garbage collector keeps its graph of
+        # owners and dependents (pkg/controller/garbagecollector/graph_builder.go `uidToNode`): a deletion
+        # finds its dependents without walking every object.
+        self._dependents: dict[str, set[tuple[str, Key]]] = {}
 
     # --- reading -----------------------------------------------------------------------------------
 
@@ -342,6 +347,7 @@ class Store:
             obj["metadata"]["resourceVersion"] = str(self._rv)
             self._objects[resource][key] = obj
             stored = obj
+        self._index_owners(resource, key, old, obj)
         event = Event(self._rv, event_type, resource, stored, old)
         self._log.append(event)
         self._floor = self._log[0].rv
@@ -351,6 +357,20 @@ class Store:
         if resource == "pods":
             self._refresh_quotas(key[0])
         return stored
+
+    def _index_owners(self, resource: str, key: Key, old: Obj | None, new: Obj | None) -> None:
+        before, after = _owner_uids(old), _owner_uids(new)
+        if before == after:
+            return
+        entry = (resource, key)
+        for uid in before - after:
+            dependents = self._dependents.get(uid)
+            if dependents is not None:
+                dependents.discard(entry)
+                if not dependents:
+                    del self._dependents[uid]
+        for uid in after - before:
+            self._dependents.setdefault(uid, set()).add(entry)
 
     def _pods(self, namespace: str) -> builtins.list[Obj]:
         return [obj for (ns, _), obj in self._objects["pods"].items() if ns == namespace]
@@ -763,16 +783,15 @@ class Store:
             self._commit("namespaces", ("", name), None, "DELETED", namespace)
         self._dispatch()
 
+    def _dependents_of(self, uid: str | None) -> builtins.list[tuple[str, Key]]:
+        """The objects naming `uid` as an owner, in a stable order (the lock held)."""
+        return sorted(self._dependents.get(uid or "", ()))
+
     def _orphan_dependents(self, owner: Obj) -> None:
         """propagationPolicy Orphan: the dependents stay, without their reference to the deleted owner."""
         uid = owner["metadata"].get("uid")
         with self._lock:
-            dependents = [
-                (plural, key, obj)
-                for plural, objects in self._objects.items()
-                for key, obj in objects.items()
-                if any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
-            ]
+            dependents = [(plural, key, self._objects[plural][key]) for plural, key in self._dependents_of(uid)]
         for plural, (ns, name), obj in dependents:
             refs = [ref for ref in obj["metadata"]["ownerReferences"] if ref.get("uid") != uid]
             with contextlib.suppress(ApiError):
@@ -788,12 +807,7 @@ class Store:
         """Background garbage collection: whatever names `owner` in its ownerReferences goes too."""
         uid = owner["metadata"].get("uid")
         with self._lock:
-            dependents = [
-                (plural, key)
-                for plural, objects in self._objects.items()
-                for key, obj in objects.items()
-                if any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
-            ]
+            dependents = self._dependents_of(uid)
         for plural, (ns, name) in dependents:
             with contextlib.suppress(ApiError):  # already gone
                 self.delete(plural, ns or None, name)
@@ -814,6 +828,12 @@ class Store:
             with contextlib.suppress(ApiError):
                 out.append(self.delete(resource, obj["metadata"].get("namespace"), obj["metadata"]["name"]))
         return out
+
+
+def _owner_uids(obj: Obj | None) -> frozenset[str]:
+    if obj is None:
+        return frozenset()
+    return frozenset(ref["uid"] for ref in obj["metadata"].get("ownerReferences") or () if ref.get("uid"))
 
 
 def _check_preconditions(

@@ -263,3 +263,19 @@ def test_garbage_collection_follows_chains_of_owners(store: Store) -> None:
     assert names(store.list("configmaps", "spark")[0]) == ["orphan"]
     assert "ownerReferences" not in store.get("configmaps", "spark", "orphan")["metadata"]
     assert store.list("secrets", "spark")[0] == []
+
+
+def test_garbage_collection_follows_the_owner_references_as_they_are_now(store: Store) -> None:
+    """The garbage collector's graph follows each update of a dependent's ownerReferences (its graph builder
+    handles every update: pkg/controller/garbagecollector/graph_builder.go `processGraphChanges`): a
+    dependent whose reference was removed stays when the owner goes, one whose reference was added goes."""
+    owner = store.create("configmaps", cm("owner"), namespace="spark")
+    ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner["metadata"]["uid"]}
+    for name in ("freed", "kept-as-dependent"):
+        store.create("configmaps", {"metadata": {"name": name, "ownerReferences": [ref]}}, namespace="spark")
+    store.create("configmaps", cm("adopted"), namespace="spark")
+    merge = "application/merge-patch+json"
+    store.patch("configmaps", "spark", "freed", {"metadata": {"ownerReferences": None}}, merge)
+    store.patch("configmaps", "spark", "adopted", {"metadata": {"ownerReferences": [ref]}}, merge)
+    store.delete("configmaps", "spark", "owner")
+    assert names(store.list("configmaps", "spark")[0]) == ["freed"]
