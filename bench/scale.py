@@ -79,6 +79,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import orjson
+
 from allocator.commands import assemble
 from allocator.http import StatusServer
 from allocator.loop import Controller, Options
@@ -272,8 +274,8 @@ class Template:
                 else ""
             ),
             "placement": (f'"nodeName":"{pod.node}",' if pod.node else "")
-            + (f'"schedulingGates":{json.dumps(pod.gates, separators=(",", ":"))},' if pod.gates else ""),
-            "status": json.dumps(_pod_status(pod), separators=(",", ":")),
+            + (f'"schedulingGates":{orjson.dumps(pod.gates).decode()},' if pod.gates else ""),
+            "status": orjson.dumps(_pod_status(pod)).decode(),
         }
         out = [self.literals[0]]
         for slot, literal in zip(self.slots, self.literals[1:], strict=True):
