@@ -791,7 +791,9 @@ class Store:
         """propagationPolicy Orphan: the dependents stay, without their reference to the deleted owner."""
         uid = owner["metadata"].get("uid")
         with self._lock:
-            dependents = [(plural, key, self._objects[plural][key]) for plural, key in self._dependents_of(uid)]
+            dependents = [
+                (plural, key, self._objects[plural][key]) for plural, key in self._dependents_of(uid)
+            ]
         for plural, (ns, name), obj in dependents:
             refs = [ref for ref in obj["metadata"]["ownerReferences"] if ref.get("uid") != uid]
             with contextlib.suppress(ApiError):
