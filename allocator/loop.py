@@ -84,9 +84,10 @@ class Options:
     step_apps: int = 16
     # How long an app's decision waits after the first watch event that changed it, so that the events of a
     # burst (a batch of executors created, their binds, their kubelets' updates) are decided once, as
-    # kube-controller-manager's job controller batches a Job's pod updates (1 s there). 5 ms: deciding
-    # per ~3.5 events cost ~2x the CPU per event of deciding per ~20 at 10,000 pods (bench/scale.py), and
-    # 5 ms is small beside a bind's latency.
+    # kube-controller-manager's job controller batches a Job's pod updates (1 s there). 5 ms: the loop
+    # decided per ~3.5 events and now per ~20-30, its CPU per event 64-83 -> 20-35 µs and the allocator's
+    # ~210 -> 103-131 µs at 1,000 to 100,000 pods (bench/scale.py), and 5 ms is small beside a bind's
+    # latency (the refill benchmark's p50 stayed 7-11 ms).
     batch_period: float = 0.005
     history_flush: float = 2.0
     history_retention: float = 3600.0
