@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -79,6 +80,15 @@ class _Listener(ThreadingHTTPServer):
     dropped the SYNs of a client opening 16 connections at once, which its kernel resent 1 s later."""
 
     request_queue_size = _somaxconn()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that reset or closed its kept-alive connection is not an error: Go's net/http server
+        returns quietly on a read error of the next request (net/http/server.go `conn.serve`,
+        `isCommonNetReadError`), and so does kubesim. Anything else is a kubesim bug, printed with its
+        traceback as socketserver does."""
+        if isinstance(sys.exc_info()[1], BrokenPipeError | ConnectionResetError | ConnectionAbortedError):
+            return
+        super().handle_error(request, client_address)
 
 
 class ApiServer:
