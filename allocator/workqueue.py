@@ -9,8 +9,8 @@
   the rest of the burst joins that decision. The loop is woken only when an app is due sooner than all
   before it, not at every event.
 - An app added while it is processing or backing off waits apart from the ready ones (client-go's dirty set
-  beside its queue), so a `get` costs per app ready, not per app added: the loop is woken at every add,
-  and scanning the apps the actor was still writing for at each wake was 13 % of the loop's CPU at 10,000
+  beside its queue), so a `get` costs per app ready, not per app added: the loop is woken at every
+  immediate add, and scanning the apps the actor was still writing for at each wake was 13 % of the loop's CPU at 10,000
   pods (bench/scale.py).
 - First in, first out, at most `limit` apps per `get`: a burst or a tick of thousands of apps is decided in
   bounded steps, the apps added first taken first.
