@@ -319,3 +319,24 @@ def test_a_follower_s_tick_leaves_held_apps_to_their_recheck_too(
     assert take(c) == {B}
     c.step({B})
     assert actor.given == [] and c.settings[B].waiting_on == "cluster"
+
+
+def test_a_watch_events_decision_waits_for_its_batch_period_and_a_ticks_does_not(tmp_path: Path) -> None:
+    """The command's wiring: the cache's news of an app (a list, watch events) reaches the queue with the
+    batch period (`--batch-period`), so that a burst is one decision; what the loop adds itself (a tick, a
+    wake) is ready at once. A period of a minute keeps the test independent of the machine's speed."""
+    with Cluster(nodes=1) as cluster:
+        kube = Kube.from_kubeconfig(str(cluster.kubeconfig("admin")))
+        policy = write_policy(tmp_path / "policy.yaml", batch=4, delay=0, per_app=10, per_ns=10, cluster=4)
+        source = PolicySource(str(policy), "sparkgate-system")
+        c = assemble(kube, source, Options(batch_period=60.0), AllocatorMetrics()).controller
+        try:
+            c.cache.pods_replace([executor("app-a", 1)])
+            for i in (2, 3):
+                c.cache.pod_event("ADDED", executor("app-a", i))
+            assert c.queue.get(0) == set()  # app-a's burst waits for its batch period
+            c.queue.add({A})  # a tick's add
+            assert c.queue.get(0) == {A}
+        finally:
+            c.actor.close()
+            kube.close()
