@@ -32,9 +32,6 @@ if TYPE_CHECKING:
 
 # An ExtenderArgs with 5,000 full Node objects (a scheduler that is not nodeCacheCapable) is a few MiB.
 MAX_BODY = 16 * 1024 * 1024
-# A client that went away before its answer was written: kube-scheduler giving up on the extender at its
-# httpTimeout (500 ms in components/scheduler), Prometheus at its scrape timeout.
-GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +45,10 @@ class _Listener(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         error = sys.exc_info()[1]
-        if isinstance(error, GONE):
+        # A client that went away before its answer was written (a ConnectionError: broken pipe, reset):
+        # kube-scheduler giving up on the extender at its httpTimeout (500 ms in components/scheduler),
+        # Prometheus at its scrape timeout.
+        if isinstance(error, ConnectionError):
             log.debug("HTTP client %s went away before its answer: %s", client_address, error)
         else:
             log.exception("HTTP request from %s failed", client_address)

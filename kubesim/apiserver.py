@@ -86,7 +86,7 @@ class _Listener(ThreadingHTTPServer):
         returns quietly on a read error of the next request (net/http/server.go `conn.serve`,
         `isCommonNetReadError`), and so does kubesim. Anything else is a kubesim bug, printed with its
         traceback as socketserver does."""
-        if isinstance(sys.exc_info()[1], BrokenPipeError | ConnectionResetError | ConnectionAbortedError):
+        if isinstance(sys.exc_info()[1], ConnectionError):
             return
         super().handle_error(request, client_address)
 
