@@ -338,15 +338,6 @@ def run(tmp_path_factory: pytest.TempPathFactory, prometheus_rule: dict[str, Any
                 ("spark-held", "held", 3),
             )
         }
-        # Two admission requests that are not AdmissionReviews (outcome bad_request).
-        context = ssl.create_default_context(cadata=system.webhook.ca_pem.decode())
-        for _ in range(2):
-            request = urllib.request.Request(
-                f"{system.webhook.url}/mutate", data=b"not a review", method="POST"
-            )
-            with pytest.raises(urllib.error.HTTPError) as refused:
-                urllib.request.urlopen(request, context=context, timeout=5)
-            assert refused.value.code == 400
         # The cluster fills up: 7 executors run, the rest are gated or unschedulable in flight.
         cluster.wait_for(
             lambda: sum(d.running() for d in drivers.values()) >= 6, timeout=60, what="the cluster full"
@@ -360,6 +351,23 @@ def run(tmp_path_factory: pytest.TempPathFactory, prometheus_rule: dict[str, Any
             "Prometheus to scrape the first binds",
         )
         cluster.add_node("node-3", cpu="8", memory="64Gi")
+        # The drivers' admissions can all come before Prometheus's first scrape of the webhook, and the
+        # allocator's gate removals make none: the latency panels' rate() would see no increase. Once
+        # Prometheus has the webhook's latency series, two admission requests that are not AdmissionReviews
+        # (outcome bad_request; their latency observed too) are an increase it sees.
+        eventually(
+            lambda: prometheus.query('sparkgate_webhook_request_duration_seconds_count{endpoint="mutate"}'),
+            60,
+            "Prometheus to scrape the webhook's admissions",
+        )
+        context = ssl.create_default_context(cadata=system.webhook.ca_pem.decode())
+        for _ in range(2):
+            request = urllib.request.Request(
+                f"{system.webhook.url}/mutate", data=b"not a review", method="POST"
+            )
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, context=context, timeout=5)
+            assert refused.value.code == 400
         # A policy edit that does not load: both processes refuse it and keep the policy in force.
         refused_policy = policy.with_suffix(".new")
         refused_policy.write_text(REFUSED_POLICY)
