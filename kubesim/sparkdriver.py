@@ -31,6 +31,7 @@ creates every executor pod at once, with `spark-exec-id: EXECID` (a literal plac
 and `controller.kubernetes.io/pod-deletion-cost: "0"`, and creates a new one for each that is deleted or
 fails; Spark's batch size and max pending do not apply. kubesim serves no Deployments or ReplicaSets, so the
 driver stands in for the ReplicaSet controller: it creates those pods itself, every cycle up to the target,
+in the controller's slow-start batches of 1, 2, 4, ... concurrent creations (`_create_replicas`),
 owned by the driver pod (on a real cluster: by the ReplicaSet, whose Deployment the driver owns; either way
 they go when the driver pod goes).
 """
@@ -38,6 +39,7 @@ they go when the driver pod goes).
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -279,28 +281,56 @@ class SparkDriver:
             return
         if newly or count >= target:
             return
-        n = min(target - count, self.batch_size, self.max_pending - not_running)
         if self.deployment:
-            n = target - count  # the ReplicaSet creates every missing replica at once
-        created = 0
-        for _ in range(max(n, 0)):
-            self._next_id += 1
-            exec_id = self._next_id
-            try:
-                self.kube.create(f"/api/v1/namespaces/{self.namespace}/pods", self._executor_pod(exec_id))
-            except KubeError as e:
-                log.info("Failed to create executor pod %d: %s", exec_id, e)
-                self.failures += 1
-                if self._check_failures():
+            created = self._create_replicas(min(target - count, BURST_REPLICAS))
+        else:
+            created = 0
+            for _ in range(max(min(target - count, self.batch_size, self.max_pending - not_running), 0)):
+                if self._create(self._take_id()):
+                    created += 1
+                elif self._check_failures():
                     return
-                continue
-            with self._lock:
-                if exec_id not in self._known:
-                    self._newly.add(exec_id)
-            self.created.append(exec_id)
-            created += 1
         if created:
             self.batches.append(created)
+
+    def _take_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def _create(self, exec_id: int) -> bool:
+        """Create one executor pod; a refusal is an executor failure (measured on Spark 4.3)."""
+        try:
+            self.kube.create(f"/api/v1/namespaces/{self.namespace}/pods", self._executor_pod(exec_id))
+        except KubeError as e:
+            log.info("Failed to create executor pod %d: %s", exec_id, e)
+            with self._lock:
+                self.failures += 1
+            return False
+        with self._lock:
+            if exec_id not in self._known:
+                self._newly.add(exec_id)
+            self.created.append(exec_id)
+        return True
+
+    def _create_replicas(self, n: int) -> int:
+        """The ReplicaSet controller's creations (replica_set.go `manageReplicas`, `slowStartBatch`): batches
+        of 1, 2, 4, ... pods, each batch's creations at once, the next batch only when the whole batch
+        succeeded; on a failure the rest waits for the next sync. kube-controller-manager runs a batch's
+        creations in as many goroutines (at most `burstReplicas`, 500, per sync); here at most
+        REPLICA_CREATORS threads, the driver's connection pool."""
+        created, batch = 0, 1
+        while created < n:
+            ids = [self._take_id() for _ in range(min(batch, n - created))]
+            with concurrent.futures.ThreadPoolExecutor(
+                min(len(ids), REPLICA_CREATORS), thread_name_prefix=f"replicaset-{self.app_name}"
+            ) as pool:
+                ok = sum(pool.map(self._create, ids))
+            created += ok
+            if ok < len(ids):
+                self._check_failures()
+                break
+            batch *= 2
+        return created
 
     def _check_failures(self) -> bool:
         if self.failures >= self.max_failures and not self.dead:
@@ -406,8 +436,12 @@ class SparkDriver:
         }
 
 
-DEPLOYMENT_HASH = "5d8f7c9b6"
-TRAIL = 40  # the last watch events, lists and restarts a driver keeps (`trail`)  # the pod-template-hash of the simulated ReplicaSet
+DEPLOYMENT_HASH = "5d8f7c9b6"  # the pod-template-hash of the simulated ReplicaSet
+TRAIL = 40  # the last watch events, lists and restarts a driver keeps (`trail`)
+BURST_REPLICAS = 500  # replica_set.go `BurstReplicas`: the most creations of one sync
+REPLICA_CREATORS = (
+    16  # threads creating one slow-start batch: the driver's connection pool (Kube's pool_size)
+)
 
 
 def _exec_id(pod: Obj) -> int | None:

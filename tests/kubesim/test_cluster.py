@@ -405,6 +405,45 @@ def test_spark_deployment_allocator_creates_every_executor_at_once_and_replaces_
     assert gone not in names and driver.batches == [20, 1]
 
 
+def test_spark_deployment_allocator_creates_in_the_replicaset_controllers_slow_start_batches(
+    cluster: Cluster,
+) -> None:
+    """replica_set.go `slowStartBatch`: 1, 2, 4, 8, ... creations, each batch's at once, the next batch when
+    the whole batch is answered. The webhook holds each admission until its whole batch has arrived: a
+    driver that created one pod at a time would leave the second call waiting for a third that never came,
+    one that created every pod at once would have more than a batch in flight."""
+    waves = [1, 2, 4, 8, 5]  # 20 replicas
+    ends = [sum(waves[: i + 1]) for i in range(len(waves))]
+    arrived, in_flight, peaks, stalled = 0, 0, [], []
+    lock = threading.Condition()
+
+    def hold_for_the_batch(_: dict[str, Any]) -> dict[str, Any]:
+        nonlocal arrived, in_flight
+        with lock:
+            arrived += 1
+            in_flight += 1
+            peaks.append(in_flight)
+            lock.notify_all()
+            end = next(e for e in ends if e >= arrived)
+            if not lock.wait_for(lambda: arrived >= end, timeout=30):
+                stalled.append(arrived)
+            in_flight -= 1
+        return {"allowed": True}
+
+    hook = TinyWebhook(hold_for_the_batch)
+    try:
+        cluster.store.create("mutatingwebhookconfigurations", hook.config("batches.example.com"))
+        cluster.add_node("big", cpu="64", memory="256Gi")
+        driver = cluster.spark_driver(
+            "spark", "dep", executors=20, batch_size=5, batch_delay=0.2, cpu="1", allocator="deployment"
+        )
+        cluster.wait_for(lambda: driver.running() == 20, what="20 running executors")
+    finally:
+        hook.close()
+    assert stalled == [] and arrived == 20
+    assert max(peaks) == 8 and driver.batches == [20]
+
+
 def test_spark_driver_dies_after_twice_its_executors_denied_creations(cluster: Cluster) -> None:
     """Measured on Spark 4.3: every denied creation is an executor failure; the app dies at 2 x executors."""
     deny = TinyWebhook(lambda r: {"allowed": False, "status": {"code": 403, "message": "no"}})
