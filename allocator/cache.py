@@ -31,7 +31,7 @@ import immutables
 from sparkgate import contract
 from sparkgate.contract import AppKey
 
-from .model import AppView, DriverRecord, PodRecord, Snapshot, untracked
+from .model import AppView, DriverRecord, PodRecord, Snapshot
 
 Obj = dict[str, Any]
 # The volumes of the copies the webhook mounts: named contract.configmap_volume_name(source).
@@ -160,7 +160,7 @@ def pod_record(obj: Obj) -> PodRecord | None:
     )
     # The values every pod of an app (or of a node) repeats are interned: one string each, not one per pod
     # (a third of a record's memory, bench/scale.py).
-    record = PodRecord(
+    return PodRecord(
         namespace=sys.intern(meta.get("namespace", "")),
         name=meta.get("name", ""),
         uid=meta.get("uid", ""),
@@ -183,7 +183,6 @@ def pod_record(obj: Obj) -> PodRecord | None:
         copies=copies,
         unschedulable=unschedulable,
     )
-    return untracked(record)  # the cache keeps one per pod: no cycle, nothing for the GC to scan
 
 
 def driver_record(obj: Obj) -> DriverRecord | None:

@@ -464,7 +464,7 @@ def run_allocator(args: argparse.Namespace) -> int:
     controller = allocator.controller
     # What exists now (the modules, the client's classes, the assembled parts) lives as long as the process:
     # the cyclic GC's full collections need not walk it again. With the records untracked too
-    # (model.py `untracked`), a full collection of an allocator holding 100,000 pods took 8 ms, against
+    # (model.py `PodRecord`, gc=False), a full collection of an allocator holding 100,000 pods took 8 ms, against
     # 54 ms without this and 100 ms with neither; it stops every thread (bench/scale.py, docs/performance.md).
     gc.freeze()
     host, _, port = args.http.rpartition(":")

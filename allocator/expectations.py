@@ -18,8 +18,10 @@ import threading
 import time
 from collections import ChainMap, Counter
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, cast
+
+from msgspec.structs import replace
 
 from sparkgate.contract import AppKey
 

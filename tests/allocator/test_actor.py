@@ -7,10 +7,10 @@ import itertools
 import json
 import threading
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
 import pytest
+from msgspec.structs import replace
 
 from allocator.actor import Actor
 from allocator.cache import pod_record

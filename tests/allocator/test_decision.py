@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -124,7 +125,7 @@ def test_previous_batch_must_be_bound_and_batch_delay_passed() -> None:
         released(d) == [] and "previous batch not yet bound" in d.settings[AppKey("spark", "a")].waiting_for
     )
     assert d.due == {}  # held by its unbound batch: nothing to wake for
-    pods[0] = replace(pods[0], node="n")
+    pods[0] = msgspec.structs.replace(pods[0], node="n")
     held = decide(snap(view("a", pods)), policy(batch=2, delay=1), 100.5, memory)
     assert released(held) == [] and held.due == {AppKey("spark", "a"): 101.0}  # the loop wakes for it then
     assert released(decide(snap(view("a", pods)), policy(batch=2, delay=1), 101.0, memory)) == [
@@ -152,11 +153,11 @@ def test_a_batch_cut_short_is_topped_up_within_its_window() -> None:
     mem = topped.memory[AppKey("spark", "a")]
     # The delay counts from the top-up: no span shorter than the delay sees more than one batch.
     assert mem.last_release_at == 100.2 and mem.last_batch == {"a-exec-1", "a-exec-2", "a-exec-3"}
-    released_3 = [more[0]] + [replace(q, gated=False) for q in more[1:3]] + [more[3]]
+    released_3 = [more[0]] + [msgspec.structs.replace(q, gated=False) for q in more[1:3]] + [more[3]]
     assert released(decide(snap(view("a", released_3)), p, 100.3, topped.memory)) == []  # the window is full
     unbound = decide(snap(view("a", released_3)), p, 101.2, topped.memory)
     assert released(unbound) == [] and unbound.settings[AppKey("spark", "a")].waiting_on == "previous-batch"
-    bound = [replace(q, node="n") for q in released_3[:3]] + [more[3]]
+    bound = [msgspec.structs.replace(q, node="n") for q in released_3[:3]] + [more[3]]
     full = decide(snap(view("a", bound)), p, 101.0, topped.memory)
     assert released(full) == [] and full.due == {AppKey("spark", "a"): 101.2}
     assert released(decide(snap(view("a", bound)), p, 101.2, topped.memory)) == ["a-exec-4"]
@@ -317,7 +318,7 @@ def test_an_app_without_memory_waits_for_its_released_unbound_pods_as_its_last_b
     assert released(held) == [] and "previous batch" in (
         held.settings[AppKey("spark", "a")].waiting_for or ""
     )
-    bound = view("a", [replace(pods[0], node="n"), *pods[1:]])
+    bound = view("a", [msgspec.structs.replace(pods[0], node="n"), *pods[1:]])
     assert released(decide(snap(bound), policy(), 100.0, {AppKey("spark", "a"): rebuilt})) == ["a-exec-3"]
 
 

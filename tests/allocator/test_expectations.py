@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import replace
 from typing import Any
+
+from msgspec.structs import replace
 
 from allocator.cache import Cache
 from allocator.expectations import BindTimes, Expectations

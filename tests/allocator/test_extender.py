@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from allocator.cache import pod_record
@@ -49,7 +50,7 @@ def record(app: AppKey, name: str, node: str | None, phase: str = "Running", **k
 def fail(placement: Placement, app: AppKey, name: str, node: str, **kw: Any) -> None:
     running = record(app, name, node)
     placement.observe(None, running)
-    placement.observe(running, replace(running, phase="Failed", **kw))
+    placement.observe(running, msgspec.structs.replace(running, phase="Failed", **kw))
 
 
 class Policy:
@@ -117,8 +118,8 @@ def test_a_failed_pod_counts_once_with_its_kind_and_live_executors_are_counted_p
     placement: Placement, clock: Clock
 ) -> None:
     fail(placement, A, "a1", "n1", reason="OOMKilled", exit_code=137)
-    failed = replace(record(A, "a1", "n1"), phase="Failed", reason="OOMKilled", exit_code=137)
-    placement.observe(failed, replace(failed, deleting=True))  # the same failure seen again
+    failed = msgspec.structs.replace(record(A, "a1", "n1"), phase="Failed", reason="OOMKilled", exit_code=137)
+    placement.observe(failed, msgspec.structs.replace(failed, deleting=True))  # the same failure seen again
     fail(placement, A, "a2", "n1", exit_code=1, reason="Error")
     fail(placement, B, "b1", "n2", reason="Evicted", exit_code=137)
     fail(placement, B, "b2", "n2", reason="OutOfcpu")
@@ -128,7 +129,7 @@ def test_a_failed_pod_counts_once_with_its_kind_and_live_executors_are_counted_p
     }
     pending = record(A, "a3", None, "Pending")
     placement.observe(None, pending)
-    placement.observe(pending, replace(pending, node="n3"))
+    placement.observe(pending, msgspec.structs.replace(pending, node="n3"))
     placement.observe(None, record(A, "a4", "n3"))
     assert placement.executors(A) == {"n3": 2}
     placement.observe(record(A, "a4", "n3"), None)
@@ -155,16 +156,24 @@ def test_a_failure_keeps_its_age_from_finished_at_so_a_restart_does_not_renew_it
     assert listed is not None and listed.finished == 1_800_000_000.0 - 10 * 60  # 08:00:00Z minus 10 minutes
     placement.observe(None, listed)  # older than the longest window: not counted at all
     assert placement.failures(600) == {} and placement.app_failures(A, 600) == []
-    placement.observe(None, replace(listed, uid="u2", finished=wall.now - 300))  # five minutes old
-    placement.observe(None, replace(listed, uid="u3", finished=None, reason="Evicted"))  # no finishedAt: now
-    placement.observe(None, replace(listed, uid="u4", finished=wall.now - 100, exit_code=1, reason="Error"))
+    placement.observe(
+        None, msgspec.structs.replace(listed, uid="u2", finished=wall.now - 300)
+    )  # five minutes old
+    placement.observe(
+        None, msgspec.structs.replace(listed, uid="u3", finished=None, reason="Evicted")
+    )  # no finishedAt: now
+    placement.observe(
+        None, msgspec.structs.replace(listed, uid="u4", finished=wall.now - 100, exit_code=1, reason="Error")
+    )
     # Kept oldest first, whatever the order they were seen in.
     assert [f.kind for f in placement.app_failures(A, 600)] == ["OOMKilled", "exit 1", "Evicted"]
     assert [f.kind for f in placement.failures(200)["n1"]] == ["exit 1", "Evicted"]
     assert [f.kind for f in placement.failures(50)["n1"]] == ["Evicted"]
     clock.now += 301  # the five-minute-old failure reaches the window's end after five more minutes, not ten
     assert [f.kind for f in placement.app_failures(A, 600)] == ["exit 1", "Evicted"]
-    placement.observe(None, replace(listed, uid="u5", finished=wall.now + 30))  # a node clock ahead: now
+    placement.observe(
+        None, msgspec.structs.replace(listed, uid="u5", finished=wall.now + 30)
+    )  # a node clock ahead: now
     assert len(placement.failures(1)["n1"]) == 1
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -67,7 +68,7 @@ class Cluster:
         for action in d.actions:
             if isinstance(action, Release):
                 p = action.pod
-                self.pods[p.app_id][p.exec_id or 0] = replace(p, gated=False, gate_index=None)
+                self.pods[p.app_id][p.exec_id or 0] = msgspec.structs.replace(p, gated=False, gate_index=None)
         return d
 
     def answer(self, app: str, *, run: int = 0, refuse: int = 0) -> None:
@@ -77,9 +78,11 @@ class Cluster:
             p for p in self.pods[app].values() if not p.gated and p.node is None and p.phase == "Pending"
         ]
         for p in waiting[:run]:
-            self.pods[app][p.exec_id or 0] = replace(p, node="n", phase="Running", unschedulable=False)
+            self.pods[app][p.exec_id or 0] = msgspec.structs.replace(
+                p, node="n", phase="Running", unschedulable=False
+            )
         for p in waiting[run : run + refuse]:
-            self.pods[app][p.exec_id or 0] = replace(p, unschedulable=True)
+            self.pods[app][p.exec_id or 0] = msgspec.structs.replace(p, unschedulable=True)
 
     def window(self, app: str = "a") -> Window:
         window = self.memory[AppKey("spark", app)].pacing
@@ -265,7 +268,7 @@ def test_observe_is_pure_and_keeps_whole_rounds_only_while_growing() -> None:
     assert start == Window(2, Reason.SLOW_START, {"a-exec-1": 0.0, "a-exec-2": 0.0}, 2)
     growing = pacing.observe(start, allocation, pods, 1.0)
     assert growing == Window(2, Reason.SLOW_START, start.round, 1)  # a-exec-1 bound: stays in the round
-    refused: list[PodRecord] = [pods[0], replace(pods[1], unschedulable=True), pods[2]]
+    refused: list[PodRecord] = [pods[0], msgspec.structs.replace(pods[1], unschedulable=True), pods[2]]
     fallen = pacing.observe(pacing.released(growing, ["a-exec-3"], 1.0), allocation, refused, 1.5)
     assert fallen == Window(2, Reason.UNSCHEDULABLE, {"a-exec-3": 1.0}, 1)  # only the pods still waiting
     assert pacing.released(Window(2, Reason.FIXED), ["a-exec-3"], 1.0) == Window(2, Reason.FIXED)

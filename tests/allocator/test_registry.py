@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import msgspec
+
 from allocator.cache import Cache
 from allocator.model import AppView, DriverRecord, PodRecord, Snapshot
 from allocator.registry import AppRegistry
@@ -32,7 +34,7 @@ def test_a_client_mode_app_ends_after_its_grace_with_no_sign_of_life() -> None:
     # A running executor is a sign of life at every observation, even when nothing changes.
     assert registry.observe(snap(running, pod(2)), 1000) == set()
     # The JVM was killed: its executor failed, its gated pod stays forever (as on the real cluster).
-    dead = snap(replace(running, phase="Failed"), pod(2))
+    dead = snap(msgspec.structs.replace(running, phase="Failed"), pod(2))
     assert registry.observe(dead, 1001) == set()
     assert registry.observe(dead, 1299) == set()  # the grace runs from the last sign of life, seen at 1000
     assert registry.observe(dead, 1300) == {KEY} and KEY in registry.ended
