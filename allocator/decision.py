@@ -394,16 +394,10 @@ def _release(
         )
         size = allocation.batch_size - len(mem.last_batch) if window else allocation.batch_size
         if size <= 0 or not window:
-            unbound = [
-                n
-                for n in mem.last_batch
-                if n in by_name
-                and not by_name[n].gated  # a release that failed (409/422) is not waiting for the scheduler
-                and not by_name[n].deleting
-                and by_name[n].node is None
-                and by_name[n].phase == "Pending"
-                and not (pace.reason is not pacing.Reason.FIXED and by_name[n].unschedulable)  # answered
-            ]
+            # Fixed pacing waits for the batch to bind; adaptive for the scheduler's answer (a refusal is
+            # one, and its window already fell back to fixed's batch and delay).
+            waiting = pacing.unbound if pace.reason is pacing.Reason.FIXED else pacing.unanswered
+            unbound = [n for n in mem.last_batch if n in by_name and waiting(by_name[n])]
             if unbound:
                 return (
                     "previous-batch",

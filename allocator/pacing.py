@@ -77,21 +77,21 @@ def ceiling(allocation: Allocation) -> int:
     return min(allocation.max_pending_per_app, max(allocation.batch_size, allocation.max_batch_size))
 
 
+def unbound(pod: PodRecord) -> bool:
+    """In flight (released, not being deleted, Pending; a release that failed, 409/422, left it gated) with
+    no node: waiting for the scheduler, or refused by it."""
+    return pod.in_flight and pod.node is None
+
+
 def unanswered(pod: PodRecord) -> bool:
-    """Released, still Pending, no node, no verdict from the scheduler yet."""
-    return (
-        not pod.gated
-        and not pod.deleting
-        and pod.phase == "Pending"
-        and pod.node is None
-        and not pod.unschedulable
-    )
+    """Unbound, and no verdict from the scheduler yet."""
+    return unbound(pod) and not pod.unschedulable
 
 
 def refused(pod: PodRecord) -> bool:
-    """Released, in flight and unbound, and the scheduler said it cannot place it. (The rare condition first:
+    """Unbound, and the scheduler said it cannot place it. (The rare condition first:
     the decision asks this of every pod of the app.)"""
-    return pod.unschedulable and pod.node is None and pod.in_flight
+    return pod.unschedulable and unbound(pod)
 
 
 def observe(window: Window | None, allocation: Allocation, pods: Iterable[PodRecord], now: float) -> Window:
