@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
+import datetime as dt
 from typing import Any
 
 import jsonpatch
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -93,3 +95,22 @@ def test_merge_patch_rfc7386() -> None:
         "a": {"c": 2, "e": 3},
         "d": [2],
     }
+
+
+def test_the_patched_document_shares_nothing_with_the_input_and_keeps_its_types() -> None:
+    """apply_patch copies the document (`clone`: orjson's round trip, copy.deepcopy for what JSON does not
+    hold, such as the datetime YAML makes of an unquoted timestamp): the input stays as it was, and a value
+    the patch adds is the patch's copy."""
+    pod = yaml.safe_load(
+        "metadata: {creationTimestamp: 2026-11-23T10:00:00Z, labels: {a: '1'}}\nspec: {n: 1.5}"
+    )
+    assert isinstance(pod["metadata"]["creationTimestamp"], dt.datetime)
+    before = copy.deepcopy(pod)
+    added = {"name": "g"}
+    patched = apply_patch(pod, [{"op": "add", "path": "/spec/gates", "value": [added]}])
+    assert pod == before and patched["metadata"] == pod["metadata"]
+    assert isinstance(patched["metadata"]["creationTimestamp"], dt.datetime) and patched["spec"]["n"] == 1.5
+    assert patched["metadata"] is not pod["metadata"] and patched["spec"]["gates"][0] is not added
+    for json_only in ({"a": {"b": [1, 2.5, True, None, "x"]}}, [{"c": {}}]):
+        copied = apply_patch(json_only, [])
+        assert copied == json_only and copied is not json_only
