@@ -7,9 +7,10 @@ verdict as the signal, as TCP uses acknowledgements:
 
 - slow start: the app's *window* starts at `batchSize`. Released pods that the scheduler has not answered
   for yet (not bound, no `PodScheduled=False` reason `Unschedulable`) are *waiting*; the app may release
-  `window - waiting` more at once, with no batch delay. The pods released since the window last grew make a
-  *round*; when every pod of a round is bound, each within `slowBindSeconds`, the window grows by the pods
-  bound (so it doubles per full round) up to the ceiling, `min(maxPendingPerApp, maxBatchSize)`;
+  `window - waiting` more at once, with no batch delay. The released pods not bound yet make the *round*;
+  each that is bound leaves it and grows the window by one (a window's worth bound doubles it, as each
+  acknowledgement grows TCP's window in slow start), up to the ceiling, `min(maxPendingPerApp,
+  maxBatchSize)`, while none has waited `slowBindSeconds`;
 - fall back: as soon as one released pod of the app is unschedulable (kube-scheduler's verdict,
   pkg/scheduler/schedule_one.go `handleSchedulingFailure`), or one stays unanswered past `slowBindSeconds`,
   the window is `batchSize` and the fixed rule applies to the app again (batch size, batch delay, previous
@@ -47,7 +48,7 @@ class Reason(StrEnum):
     """Why an app's window is what it is (the `reason` label of the pacing metric, /apps' `pacing.reason`)."""
 
     FIXED = "fixed"  # pacing: fixed, the window is batchSize
-    SLOW_START = "slow-start"  # every pod released was bound in time: the window grows per round
+    SLOW_START = "slow-start"  # every pod released was bound in time: the window grows by each bound
     CEILING = "ceiling"  # grown to min(maxPendingPerApp, maxBatchSize)
     UNSCHEDULABLE = "unschedulable"  # a released pod of the app is unschedulable: fixed rule
     SLOW_BIND = "slow-bind"  # a released pod was not answered within slowBindSeconds: fixed rule
@@ -60,8 +61,8 @@ GROWING = (Reason.SLOW_START, Reason.CEILING)
 class Window:
     size: int
     reason: Reason
-    # The pods released in the current round and when (the decision's clock). While growing, the whole
-    # round, so its completion counts every pod bound; after a fall back, only the pods still waiting.
+    # The pods released and not bound yet, and when (the decision's clock). While growing, also those whose
+    # release the snapshot does not show yet; after a fall back, only the pods still waiting.
     round: Mapping[str, float] = field(default_factory=dict)
     waiting: int = 0  # pods of the round the scheduler has not answered for yet
 
@@ -101,31 +102,38 @@ def observe(window: Window | None, allocation: Allocation, pods: Iterable[PodRec
     if window is None or window.reason is Reason.FIXED:
         window = Window(allocation.batch_size, Reason.SLOW_START)
     top = ceiling(allocation)
-    # One pass over the app's pods: the round's pods still waiting and those bound, and any refusal.
-    round_, waiting, bound, refusal = window.round, {}, 0, False
+    # One pass over the app's pods: the round's pods bound since the last observation (they leave the round),
+    # those waiting for the scheduler's answer, those whose release the snapshot does not show yet (they
+    # stay in a growing round), and any refusal.
+    round_, kept, waiting, bound, refusal = window.round, {}, {}, 0, False
     for p in pods:
         refusal = refusal or refused(p)
         at = round_.get(p.name)
-        if at is not None:
-            if unanswered(p):
-                waiting[p.name] = at
-            elif p.node is not None:
-                bound += 1
+        if at is None:
+            continue
+        if p.node is not None:
+            bound += 1
+        elif unanswered(p):
+            kept[p.name] = waiting[p.name] = at
+        elif p.gated:
+            kept[p.name] = at
     if refusal:
         return Window(allocation.batch_size, Reason.UNSCHEDULABLE, waiting, len(waiting))
     if any(now - at >= allocation.slow_bind_seconds for at in waiting.values()):
         return Window(allocation.batch_size, Reason.SLOW_BIND, waiting, len(waiting))
-    if not waiting and (window.round or not window.growing):
-        # grown by the pods of the round bound; or recovered: slow start again, as soon as nothing of the
-        # app is refused or unanswered (the pods refused leave the round: when they are bound at last, the
-        # scheduler has placed all it was given, and room has come)
-        size = window.size + bound if window.growing else allocation.batch_size
-        size = max(allocation.batch_size, min(size, top))
-        return Window(size, Reason.CEILING if size >= top else Reason.SLOW_START)
-    if not window.growing:
-        return Window(allocation.batch_size, window.reason, waiting, len(waiting))
-    size = max(allocation.batch_size, min(window.size, top))  # the settings may have changed
-    return Window(size, Reason.CEILING if size >= top else Reason.SLOW_START, window.round, len(waiting))
+    if window.growing:
+        # Grown by each pod bound in time, as TCP's congestion window grows by each acknowledgement: a
+        # window's worth bound doubles it, whether or not the app went on releasing meanwhile. (Growing only
+        # once a whole round was bound kept an app that always had pods to release, such as a Deployment's,
+        # at its first window: its round never emptied.)
+        size = max(allocation.batch_size, min(window.size + bound, top))
+        return Window(size, Reason.CEILING if size >= top else Reason.SLOW_START, kept, len(waiting))
+    if not waiting:
+        # recovered: slow start again, as soon as nothing of the app is refused or unanswered (the pods
+        # refused leave the round: when they are bound at last, the scheduler has placed all it was given,
+        # and room has come)
+        return Window(allocation.batch_size, Reason.SLOW_START)
+    return Window(allocation.batch_size, window.reason, waiting, len(waiting))
 
 
 def released(window: Window, names: Collection[str], now: float) -> Window:

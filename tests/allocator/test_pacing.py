@@ -104,7 +104,7 @@ def test_slow_start_doubles_per_bound_round_up_to_the_ceiling_with_no_batch_dela
     assert cluster.window().reason is Reason.CEILING and cluster.window().size == 100
 
 
-def test_the_window_holds_released_pods_not_yet_answered_and_tops_up_what_is_bound() -> None:
+def test_the_window_holds_released_pods_not_yet_answered_and_grows_by_each_pod_bound() -> None:
     cluster, policy = Cluster(("a", 100)), adaptive(batch=10)
     assert len(released(cluster.decide(policy, 100.0))) == 10
     held = cluster.decide(policy, 100.1)
@@ -112,12 +112,16 @@ def test_the_window_holds_released_pods_not_yet_answered_and_tops_up_what_is_bou
         "app spark/a: 10 released pods not yet bound (window 10)"
     )
     cluster.answer("a", run=4)
-    topped = cluster.decide(policy, 100.2)  # 6 still waiting: 4 more join the round at once
-    assert released(topped) == [f"a-exec-{i}" for i in range(11, 15)]
-    assert cluster.window().waiting == 10 and len(cluster.window().round) == 14
+    topped = cluster.decide(policy, 100.2)  # 4 bound: the window is 14, 6 still wait: 8 more at once
+    assert released(topped) == [f"a-exec-{i}" for i in range(11, 19)]
+    window = cluster.window()
+    assert (window.size, window.waiting) == (14, 14) and set(window.round) == {
+        f"a-exec-{i}" for i in range(5, 19)
+    }  # the bound pods left the round
     cluster.answer("a", run=10)
-    cluster.decide(policy, 100.3)
-    assert cluster.window().size == 24  # grew by the 14 pods the round had, all bound
+    d = cluster.decide(policy, 100.3)
+    assert cluster.window().size == 24  # grew by the 10 bound since, the round not yet all bound
+    assert len(released(d)) == 20 and cluster.window().waiting == 24
 
 
 def test_an_unschedulable_pod_falls_back_to_the_fixed_rule_but_does_not_hold_the_app() -> None:
@@ -261,13 +265,13 @@ def test_adaptive_releases_never_exceed_any_limit(
         now += dt
 
 
-def test_observe_is_pure_and_keeps_whole_rounds_only_while_growing() -> None:
+def test_observe_is_pure_and_keeps_in_the_round_only_the_pods_not_bound() -> None:
     allocation = adaptive(batch=2).allocation
     pods = [pod("a", 1, gated=False, node="n"), pod("a", 2, gated=False), pod("a", 3, gated=False)]
     start = pacing.released(pacing.observe(None, allocation, [], 0.0), ["a-exec-1", "a-exec-2"], 0.0)
     assert start == Window(2, Reason.SLOW_START, {"a-exec-1": 0.0, "a-exec-2": 0.0}, 2)
     growing = pacing.observe(start, allocation, pods, 1.0)
-    assert growing == Window(2, Reason.SLOW_START, start.round, 1)  # a-exec-1 bound: stays in the round
+    assert growing == Window(3, Reason.SLOW_START, {"a-exec-2": 0.0}, 1)  # a-exec-1 bound: grown by it
     refused: list[PodRecord] = [pods[0], msgspec.structs.replace(pods[1], unschedulable=True), pods[2]]
     fallen = pacing.observe(pacing.released(growing, ["a-exec-3"], 1.0), allocation, refused, 1.5)
     assert fallen == Window(2, Reason.UNSCHEDULABLE, {"a-exec-3": 1.0}, 1)  # only the pods still waiting
