@@ -28,6 +28,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from sparkgate.ratelimit import TokenBucket
+
 from .admission import AdmissionChain, WebhookAdmission
 from .apiserver import ADMIN, ApiServer
 from .errors import UserInfo
@@ -36,7 +38,7 @@ from .kubeconfig import write_kubeconfig
 from .kubelet import Kubelets
 from .podplugins import SYSTEM_PRIORITY_CLASSES
 from .scheduler import Scheduler
-from .sparkdriver import SparkDriver
+from .sparkdriver import CONTROLLER_MANAGER_BURST, CONTROLLER_MANAGER_QPS, SparkDriver
 from .store import Store
 
 RECENT_POD_EVENTS = 20_000  # pod events kept for `history` (a wait that expires reports them)
@@ -59,6 +61,8 @@ class Cluster:
         services: Mapping[tuple[str, str], str] | None = None,
         namespaces: Sequence[str] = ("default", "kube-system", "sparkgate-system"),
         workdir: Path | None = None,
+        controller_qps: float | None = CONTROLLER_MANAGER_QPS,
+        controller_burst: int = CONTROLLER_MANAGER_BURST,
     ) -> None:
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="kubesim-"))
@@ -77,6 +81,11 @@ class Cluster:
         self.kubelet = Kubelets(self.store, start_delay=start_delay, terminate_delay=terminate_delay)
         self._kubeconfigs: dict[tuple[str, str], Path] = {}
         self._drivers: list[SparkDriver] = []
+        # The ReplicaSet controller's client-side rate limit, shared by the Deployment drivers
+        # (kube-controller-manager's defaults): None, a controller that is never throttled.
+        self.replicaset_client = (
+            TokenBucket(controller_qps, controller_burst) if controller_qps is not None else None
+        )
         self._changed = threading.Condition()
         self._recent: collections.deque[tuple[str, str, str, str, bool, bool, str]] = collections.deque(
             maxlen=RECENT_POD_EVENTS
@@ -198,6 +207,7 @@ class Cluster:
         **options: Any,
     ) -> SparkDriver:
         kubeconfig = self.add_user(user or f"system:serviceaccount:{namespace}:spark")
+        options.setdefault("replicaset_client", self.replicaset_client)
         driver = SparkDriver(str(kubeconfig), namespace, app_name, executors=executors, **options)
         self._drivers.append(driver)
         return driver.start() if start else driver

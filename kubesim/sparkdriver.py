@@ -27,11 +27,14 @@ Follows Spark's ExecutorPodsAllocator (resource-managers/kubernetes, Spark 3.x-4
 
 `allocator="deployment"` is Spark 4.2+'s `spark.kubernetes.allocation.pods.allocator=deployment`
 (docs/real-cluster-facts.md): Spark scales a Deployment `spark-d-<appId>-<rpId>` and the ReplicaSet controller
-creates every executor pod at once, with `spark-exec-id: EXECID` (a literal placeholder), `pod-template-hash`
+creates every executor pod, as fast as its client's rate limit lets it (30 at once, then 20 a second, shared by
+every ReplicaSet of the cluster: CONTROLLER_MANAGER_QPS below), with `spark-exec-id: EXECID` (a literal placeholder), `pod-template-hash`
 and `controller.kubernetes.io/pod-deletion-cost: "0"`, and creates a new one for each that is deleted or
 fails; Spark's batch size and max pending do not apply. kubesim serves no Deployments or ReplicaSets, so the
 driver stands in for the ReplicaSet controller: it creates those pods itself, every cycle up to the target,
-in the controller's slow-start batches of 1, 2, 4, ... concurrent creations (`_create_replicas`),
+in the controller's slow-start batches of 1, 2, 4, ... concurrent creations (`_create_replicas`), each
+creation and each deletion of a scale-down waiting on the cluster's one ReplicaSet-controller client
+(`replicaset_client`),
 owned by the driver pod (on a real cluster: by the ReplicaSet, whose Deployment the driver owns; either way
 they go when the driver pod goes).
 """
@@ -49,6 +52,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from sparkgate.kube import Kube, KubeError, Reflector
+from sparkgate.ratelimit import TokenBucket
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -71,7 +75,8 @@ class SparkDriver:
         labels: dict[str, str] | None = None,
         annotations: dict[str, str] | None = None,
         max_failures: int | None = None,
-        allocator: str = "direct",  # or "deployment": every pod at once, as a ReplicaSet creates them
+        allocator: str = "direct",  # or "deployment": the pods a ReplicaSet controller creates
+        replicaset_client: TokenBucket | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.kube = Kube.from_kubeconfig(kubeconfig, max_attempts=3)
@@ -90,6 +95,9 @@ class SparkDriver:
         self.max_failures = max_failures if max_failures is not None else max(3, 2 * executors)
         self.clock = clock
         self.deployment = allocator == "deployment"
+        # The ReplicaSet controller's client-side rate limit (client-go's token bucket), which the cluster's
+        # Deployment drivers share as its ReplicaSets share the one controller: None, no limit.
+        self.replicaset_client = replicaset_client
         self.driver_uid: str | None = None
         self.created: list[int] = []  # executor ids, in creation order
         self.batches: list[int] = []  # pods created per allocation cycle that created any
@@ -277,6 +285,8 @@ class SparkDriver:
             excess = count - target
             for exec_id in sorted(pending, reverse=True)[:excess]:
                 self._deleted.add(exec_id)
+                if self.deployment and not self._throttled():
+                    return  # the driver stopped while the ReplicaSet controller waited
                 self._delete_executor(exec_id, pods[exec_id])
             return
         if newly or count >= target:
@@ -324,13 +334,22 @@ class SparkDriver:
             with concurrent.futures.ThreadPoolExecutor(
                 min(len(ids), REPLICA_CREATORS), thread_name_prefix=f"replicaset-{self.app_name}"
             ) as pool:
-                ok = sum(pool.map(self._create, ids))
+                ok = sum(pool.map(self._create_replica, ids))
             created += ok
             if ok < len(ids):
                 self._check_failures()
                 break
             batch *= 2
         return created
+
+    def _create_replica(self, exec_id: int) -> bool:
+        return self._throttled() and self._create(exec_id)
+
+    def _throttled(self) -> bool:
+        """Wait for the ReplicaSet controller's client to allow one more request; False if the driver stopped
+        meanwhile (the request is not sent)."""
+        limiter = self.replicaset_client
+        return limiter is None or not self._stop.wait(limiter.reserve())
 
     def _check_failures(self) -> bool:
         if self.failures >= self.max_failures and not self.dead:
@@ -439,6 +458,13 @@ class SparkDriver:
 DEPLOYMENT_HASH = "5d8f7c9b6"  # the pod-template-hash of the simulated ReplicaSet
 TRAIL = 40  # the last watch events, lists and restarts a driver keeps (`trail`)
 BURST_REPLICAS = 500  # replica_set.go `BurstReplicas`: the most creations of one sync
+# kube-controller-manager's client rate limit, `--kube-api-qps` and `--kube-api-burst` by default
+# (pkg/controller/apis/config/v1alpha1/defaults.go: "client-connection defaults ... specific to the
+# kube-controller-manager"). Each controller builds its clientset, and with it its token bucket, from that
+# configuration: the one ReplicaSet controller's creations and deletions share one, whichever ReplicaSet
+# they are for.
+CONTROLLER_MANAGER_QPS = 20.0
+CONTROLLER_MANAGER_BURST = 30
 REPLICA_CREATORS = (
     16  # threads creating one slow-start batch: the driver's connection pool (Kube's pool_size)
 )

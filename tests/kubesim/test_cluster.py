@@ -16,6 +16,7 @@ from kubernetes import client
 
 from certs.pki import make_ca, make_serving_cert
 from kubesim.cluster import Cluster
+from sparkgate.ratelimit import TokenBucket
 
 from .conftest import pod
 
@@ -442,6 +443,41 @@ def test_spark_deployment_allocator_creates_in_the_replicaset_controllers_slow_s
         hook.close()
     assert stalled == [] and arrived == 20
     assert max(peaks) == 8 and driver.batches == [20]
+
+
+def test_the_deployment_drivers_share_one_replicaset_controller_client_and_its_rate_limit(
+    cluster: Cluster,
+) -> None:
+    """kube-controller-manager runs one ReplicaSet controller whose client waits on one token bucket (QPS 20,
+    burst 30 by default: kubesim/sparkdriver.py), whatever ReplicaSet a pod is for: every creation of both
+    Deployment drivers takes a token from the cluster's bucket, and a direct-allocator driver (Spark's own
+    client) takes none. The bucket's clock stands still, so the waits are the bucket's arithmetic alone."""
+
+    class Counted(TokenBucket):
+        delays: list[float] = []
+
+        def reserve(self) -> float:
+            delay = super().reserve()
+            self.delays.append(delay)
+            return delay
+
+    assert cluster.replicaset_client is not None
+    assert (cluster.replicaset_client.qps, cluster.replicaset_client.burst) == (20.0, 30)
+    bucket = cluster.replicaset_client = Counted(1000.0, 5, monotonic=lambda: 0.0)
+    cluster.add_node("big", cpu="64", memory="256Gi")
+    deployments = [
+        cluster.spark_driver(
+            "spark", f"dep-{i}", executors=10, batch_delay=0.2, cpu="1", allocator="deployment"
+        )
+        for i in range(2)
+    ]
+    direct = cluster.spark_driver("spark", "direct", executors=3, batch_size=3, batch_delay=0.2, cpu="1")
+    cluster.wait_for(
+        lambda: all(d.running() == 10 for d in deployments) and direct.running() == 3,
+        what="every executor of the three apps running",
+    )
+    assert [len(d.created) for d in deployments] == [10, 10]
+    assert sorted(bucket.delays) == pytest.approx([0.0] * 5 + [i / 1000 for i in range(1, 16)])
 
 
 def test_spark_driver_dies_after_twice_its_executors_denied_creations(cluster: Cluster) -> None:
