@@ -127,3 +127,126 @@ def test_the_collapsed_tree_evaluates_to_the_same_value_and_cost(
         assert a == b, expression
     assert {kind for kind, _, _ in collapsed} == {"value", "error"}  # both outcomes were compared
     assert all(cost > 0 for _, _, cost in collapsed)
+
+
+MEMO_EXPRESSIONS = [
+    "has(object.a) && object.a.b == 1",
+    "object.a.b",
+    "size(object.a) > 1",
+    "'b' in object.a",
+    "object.a.exists(k, k == 'b')",
+    "object.l.all(x, x > 0) || request.dryRun",
+    "object.a.b.c.startsWith('x')",
+]
+# Pairs whose second document reads, through the paths above, the same as the first or not: a field the
+# expressions never reach changed, a value they reach changed, a field missing at another depth, a value of
+# another type where an object was, a request given or not.
+MEMO_DOCUMENTS: list[tuple[dict[str, Any], dict[str, Any]]] = [
+    ({"object": {"a": {"b": 1}, "z": 1}}, {"object": {"a": {"b": 1}, "z": 2}}),
+    ({"object": {"a": {"b": 1}}}, {"object": {"a": {"b": 2}}}),
+    ({"object": {"a": {}}}, {"object": {}}),
+    ({"object": {"a": {"b": {"c": "xy"}}}}, {"object": {"a": {"b": "xy"}}}),
+    ({"object": {"a": [1]}}, {"object": {"a": {"b": 1, "c": 2}}}),
+    ({"object": {"l": [1, 2]}, "request": {"dryRun": True}}, {"object": {"l": [1, 2]}}),
+    (
+        {"object": {"l": [0]}, "request": {"dryRun": False}},
+        {"object": {"l": [0]}, "request": {"dryRun": True}},
+    ),
+]
+
+
+def test_a_remembered_evaluation_answers_and_costs_what_walking_the_tree_gives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kubesim remembers an evaluation by what the paths its expression reads hold (kubesim/cel.py
+    `_Program.memo`): after any first document, the second one's value or error and cost are those of a
+    walk of the tree on a fresh program, whether the second was remembered or not."""
+    walks = 0
+    walk = kubesim_cel._walk
+
+    def counted(*args: Any) -> Any:
+        nonlocal walks
+        walks += 1
+        return walk(*args)
+
+    monkeypatch.setattr(kubesim_cel, "_walk", counted)
+    compared = 0
+    for expression in MEMO_EXPRESSIONS:
+        for first, second in MEMO_DOCUMENTS:
+            kubesim_cel._program.cache_clear()
+            _outcome(expression, first)
+            remembered = _outcome(expression, second)
+            kubesim_cel._program.cache_clear()
+            assert remembered == _outcome(expression, second), (expression, first, second)
+            compared += 1
+    kubesim_cel._program.cache_clear()
+    # 49 pairs, each walked for its first and for its fresh second: the rest were answered from memory
+    assert compared == 49 and 98 < walks < 147
+
+
+def test_a_remembered_evaluation_is_charged_to_the_budget_as_its_walk_was() -> None:
+    """The cost of a remembered evaluation counts against the policy's budget and the per-call limit
+    exactly as the walk's did: within them, the same charge; past either, the same error and the same
+    budget left as a walk stopped at the limit."""
+    expression = "object.l.all(x, x > 0)"
+    doc = {"object": {"l": list(range(1, 50))}}
+
+    def charged(remembered: bool) -> tuple[list[Any], list[int]]:
+        results, left = [], []
+        for budget in (Budget(), Budget(remaining=10), Budget(per_call=10)):
+            kubesim_cel._program.cache_clear()
+            if remembered:
+                evaluate(expression, doc)  # walked with the whole budget: remembered
+            try:
+                results.append(evaluate(expression, doc, budget))
+            except CelError as e:
+                results.append(str(e))
+            left.append(budget.remaining)
+        return results, left
+
+    try:
+        walked, remembered = charged(False), charged(True)
+    finally:
+        kubesim_cel._program.cache_clear()
+    assert walked == remembered
+    results, (plenty_left, short_left, _) = walked
+    assert results[0] is True and plenty_left < RUNTIME_BUDGET
+    # a walk stops at the 12th operation (past 10 left + 1) and leaves the budget spent: -1 - 12
+    assert results[1].startswith("validation failed due to running out of cost budget") and short_left == -13
+    assert "actual cost limit exceeded" in results[2]
+
+
+@pytest.mark.parametrize(
+    ("expression", "value"),
+    [
+        ("false && object.l.all(x, x > 0)", False),
+        ("true || object.l.all(x, x > 0)", True),
+        ("false && 1 / 0 == 1", False),
+        ("true || 1 / 0 == 1", True),
+    ],
+)
+def test_a_deciding_left_operand_of_and_or_is_the_value_and_the_right_one_costs_nothing(
+    expression: str, value: bool
+) -> None:
+    """cel-go's `&&` and `||` do not evaluate the right operand once the left one decides (interpreter
+    evalAnd / evalOr), so its cost is not charged: kubesim charges the left operand and the operator alone."""
+    doc = {"object": {"l": list(range(1, 1000))}}
+    left = expression.split(" ")[0]
+    assert _outcome(expression, doc) == ("value", value, _outcome(left, doc)[2] + 1)
+
+
+@pytest.mark.parametrize(
+    ("expression", "value"),
+    [
+        ("1 / 0 == 1 && false", ("value", False)),  # CEL's && is commutative over errors
+        ("1 / 0 == 1 || true", ("value", True)),
+        ("true && 1 / 0 == 1", ("error", "divide by zero")),
+        ("'a' || 'b'", ("error", "found no matching overload for _||_")),
+    ],
+)
+def test_a_left_operand_that_does_not_decide_is_combined_with_the_right_one(
+    expression: str, value: tuple[str, str | bool]
+) -> None:
+    kind, got, cost = _outcome(expression, {})
+    assert kind == value[0] and (got is value[1] if kind == "value" else value[1] in got)
+    assert cost > _outcome(expression.split(" ")[0], {})[2] + 1
