@@ -38,7 +38,8 @@ import functools
 import re
 import threading
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field
+from typing import Any
 
 import celpy
 import celpy.evaluation
@@ -271,7 +272,8 @@ def _collapsed(tree: Any) -> Any:
 _MEMO_SIZE = 256  # evaluations remembered per program (`_Program.memo`), the oldest forgotten first
 
 
-class _Program(NamedTuple):
+@dataclass(slots=True)
+class _Program:
     ast: Any  # the collapsed tree
     # The activation of the environment's names and the functions, made once: each evaluation works on a
     # clone of it with its variables (celpy Evaluator.set_activation), never on it.
@@ -279,7 +281,10 @@ class _Program(NamedTuple):
     reads: tuple[tuple[str, ...], ...]  # every path of the documents it reads (`_reads`)
     # (what those paths hold) -> (cost, outcome) of an evaluation that returned a bool or failed: the
     # tree walk is deterministic, so the same inputs give the same value or error at the same cost.
-    memo: dict[tuple[bytes, ...], tuple[int, bool | CelError]]
+    memo: dict[tuple[bytes, ...], tuple[int, bool | CelError]] = field(default_factory=dict)
+    # False once it returned anything else (a mutation's object, a message): no key is made for it again,
+    # as one that is never kept would cost dumping what it reads at every evaluation for nothing.
+    remembered: bool = True
 
 
 def _reads(tree: Any) -> tuple[tuple[str, ...], ...]:
@@ -337,7 +342,7 @@ def _program(expression: str) -> _Program:
         with _LOCK:  # the lark parser is not thread-safe
             runner = _ENV.program(_ENV.compile(expression), functions=FUNCTIONS)
             ast = _collapsed(runner.ast)
-            return _Program(ast, runner.new_activation(), _reads(ast), {})
+            return _Program(ast, runner.new_activation(), _reads(ast))
     except CELParseError as e:  # cel-go's shape: `ERROR: <input>:LINE:COLUMN: Syntax error: ...`
         raise CelError(
             f"compilation failed: ERROR: <input>:{e.line}:{e.column}: Syntax error: unexpected input"
@@ -472,15 +477,18 @@ def evaluate(expression: str, variables: Inputs | Mapping[str, Any], budget: Bud
     inputs = variables if isinstance(variables, Inputs) else Inputs(variables)
     meter = budget or Budget()
     limit = min(meter.per_call, meter.remaining + 1)
-    key = inputs.held(program.reads)
+    key = inputs.held(program.reads) if program.remembered else None
     known = program.memo.get(key) if key is not None else None
     if known is None:
         cost, outcome = _walk(expression, program, inputs, limit)
-        if key is not None and cost <= limit and isinstance(outcome, bool | CelError):
-            with _LOCK:
-                if len(program.memo) >= _MEMO_SIZE:
-                    del program.memo[next(iter(program.memo))]
-                program.memo[key] = (cost, outcome)
+        if key is not None and cost <= limit:
+            if not isinstance(outcome, bool | CelError):
+                program.remembered = False
+            else:
+                with _LOCK:
+                    if len(program.memo) >= _MEMO_SIZE:
+                        del program.memo[next(iter(program.memo))]
+                    program.memo[key] = (cost, outcome)
     else:
         cost, outcome = known
     if cost > limit:  # the walk stops at the first operation past the limit

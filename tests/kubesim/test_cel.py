@@ -250,3 +250,25 @@ def test_a_left_operand_that_does_not_decide_is_combined_with_the_right_one(
     kind, got, cost = _outcome(expression, {})
     assert kind == value[0] and (got is value[1] if kind == "value" else value[1] in got)
     assert cost > _outcome(expression.split(" ")[0], {})[2] + 1
+
+
+def test_an_expression_that_returns_other_than_a_bool_is_not_keyed_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A mutation's object or a message is never remembered, so once an expression returned one, kubesim no
+    longer dumps what it reads to make a key (a mutation reads most of the pod)."""
+    keyed = []
+    held = Inputs.held
+
+    def counted(self: Inputs, reads: Any) -> Any:
+        keyed.append(reads)
+        return held(self, reads)
+
+    monkeypatch.setattr(Inputs, "held", counted)
+    kubesim_cel._program.cache_clear()
+    try:
+        assert [evaluate("object.a", {"object": {"a": i}}) for i in range(3)] == [0, 1, 2]
+        assert [evaluate("object.a == 1", {"object": {"a": i}}) for i in range(3)] == [False, True, False]
+    finally:
+        kubesim_cel._program.cache_clear()
+    assert keyed == [(("object", "a"),)] * 4
