@@ -331,9 +331,14 @@ def _held(document: Any, path: tuple[str, ...]) -> bytes:
     value = document
     for depth, name in enumerate(path):
         if type(value) is not dict or name not in value:
-            return b"%d " % depth + orjson.dumps(value)
+            return b"%d " % depth + orjson.dumps(value, option=_PLAIN_JSON)
         value = value[name]
-    return orjson.dumps(value)
+    return orjson.dumps(value, option=_PLAIN_JSON)
+
+
+# Plain JSON only: a subclass of dict, list or str (a constructed object's `Typed`, which remembers its type
+# path) raises TypeError, and such an evaluation is not remembered.
+_PLAIN_JSON = orjson.OPT_PASSTHROUGH_SUBCLASS
 
 
 @functools.lru_cache(maxsize=512)

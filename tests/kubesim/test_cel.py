@@ -272,3 +272,12 @@ def test_an_expression_that_returns_other_than_a_bool_is_not_keyed_again(
     finally:
         kubesim_cel._program.cache_clear()
     assert keyed == [(("object", "a"),)] * 4
+
+
+def test_a_value_that_is_more_than_json_makes_no_key() -> None:
+    """A constructed object (`Typed`, which remembers its type path) or a failed policy variable in what an
+    expression reads: no key, so the evaluation is walked and not remembered."""
+    reads = (("variables", "x"),)
+    assert Inputs({"variables": {"x": {"a": 1}}}).held(reads) == (b'{"a":1}',)
+    assert Inputs({"variables": {"x": kubesim_cel.Typed(("Object",), {"a": 1})}}).held(reads) is None
+    assert Inputs({"variables": {"x": kubesim_cel.Failed("x", "no")}}).held(reads) is None
