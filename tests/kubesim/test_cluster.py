@@ -454,7 +454,9 @@ def test_the_deployment_drivers_share_one_replicaset_controller_client_and_its_r
     client) takes none. The bucket's clock stands still, so the waits are the bucket's arithmetic alone."""
 
     class Counted(TokenBucket):
-        delays: list[float] = []
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.delays: list[float] = []
 
         def reserve(self) -> float:
             delay = super().reserve()
