@@ -28,8 +28,9 @@ message `operation cancelled: actual cost limit exceeded`. As in cel-go, `&&` an
 charge) the right operand once the left one decides (`_Metered._logical`).
 
 Programs are cached per expression and shared by threads; each evaluation has its own activation. A
-program remembers its last evaluations that returned a bool or failed, by what the paths it reads held
-(`_Program.memo`, `_reads`): the same inputs again get the same value and cost without a walk of the tree.
+program remembers its last evaluations that returned a bool or failed, by what each of them read (`_Trace`,
+`_Program.memo`): inputs that hold the same wherever an earlier walk read get that walk's value and cost
+without a walk of the tree.
 """
 
 from __future__ import annotations
@@ -272,68 +273,27 @@ def _collapsed(tree: Any) -> Any:
 _MEMO_SIZE = 256  # evaluations remembered per program (`_Program.memo`), the oldest forgotten first
 
 
+_SHAPES = 8  # distinct traces kept per program (`_Program.shapes`)
+
+# What one walk read, in order: each entry a path below the variables (the variable's name first) and
+# whether the whole value there was read (a value that is not an object, or an object read by `==`,
+# `items()`, ...) or only its keys (an object whose fields, when read, are entries of their own).
+_Trace = tuple[tuple[tuple[str, ...], bool], ...]
+
+
 @dataclass(slots=True)
 class _Program:
     ast: Any  # the collapsed tree
     # The activation of the environment's names and the functions, made once: each evaluation works on a
     # clone of it with its variables (celpy Evaluator.set_activation), never on it.
     base: Any
-    reads: tuple[tuple[str, ...], ...]  # every path of the documents it reads (`_reads`)
-    # (what those paths hold) -> (cost, outcome) of an evaluation that returned a bool or failed: the
-    # tree walk is deterministic, so the same inputs give the same value or error at the same cost.
-    memo: dict[tuple[bytes, ...], tuple[int, bool | CelError]] = field(default_factory=dict)
-    # False once it returned anything else (a mutation's object, a message): no key is made for it again,
-    # as one that is never kept would cost dumping what it reads at every evaluation for nothing.
+    # (trace, what the inputs held there: `Inputs.held`) -> (cost, outcome) of a walk that returned a bool
+    # or failed. The walk is deterministic and sees the inputs only through what it read, so inputs that hold
+    # the same wherever it read give the same value or error at the same cost.
+    memo: dict[tuple[_Trace, bytes], tuple[int, bool | CelError]] = field(default_factory=dict)
+    shapes: list[_Trace] = field(default_factory=list)  # the traces of memo's entries, the latest first
+    # False once it returned anything else (a mutation's object, a message): no trace is kept for it again.
     remembered: bool = True
-
-
-def _reads(tree: Any) -> tuple[tuple[str, ...], ...]:
-    """The paths the expression can read: each chain of field selections from a name (`object.metadata.labels`)
-    wherever it is used, however much of the value there it then reads (an index, a macro over it, a
-    function call); a name used other than at the head of such a chain is read whole. Nothing is read but
-    through these: every value comes from a variable by its name. The names that are no variable given to an
-    evaluation (a macro's, a function's, a field's) are left out of its key (`Inputs.held`); a macro's
-    variable named as a document only makes the key more particular than it needs to be."""
-    found: set[tuple[str, ...]] = set()
-
-    def chain(node: Any) -> tuple[str, ...] | None:
-        while isinstance(node, Tree) and node.data in ("member", "primary") and len(node.children) == 1:
-            node = node.children[0]
-        if not isinstance(node, Tree):
-            return None
-        if node.data in ("ident", "dot_ident") and len(node.children) == 1:
-            return (str(node.children[0]),)
-        if node.data == "member_dot" and len(node.children) == 2 and not isinstance(node.children[1], Tree):
-            head = chain(node.children[0])
-            return None if head is None else (*head, str(node.children[1]))
-        return None
-
-    def walk(node: Any) -> None:
-        if not isinstance(node, Tree):
-            if getattr(node, "type", None) == "IDENT":  # a name anywhere else: read whole
-                found.add((str(node),))
-            return
-        if node.data in ("member_dot", "ident", "dot_ident"):
-            path = chain(node)
-            if path is not None:
-                found.add(path)
-                return
-        for child in node.children:
-            walk(child)
-
-    walk(tree)
-    return tuple(sorted(found))
-
-
-def _held(document: Any, path: tuple[str, ...]) -> bytes:
-    """What `path` (below the document) holds, as JSON; where it stops (a missing field, or a value that is
-    not an object), how deep it got and the value there, which is all an expression can see of it."""
-    value = document
-    for depth, name in enumerate(path):
-        if type(value) is not dict or name not in value:
-            return b"%d " % depth + orjson.dumps(value, option=_PLAIN_JSON)
-        value = value[name]
-    return orjson.dumps(value, option=_PLAIN_JSON)
 
 
 # Plain JSON only: a subclass of dict, list or str (a constructed object's `Typed`, which remembers its type
@@ -347,7 +307,7 @@ def _program(expression: str) -> _Program:
         with _LOCK:  # the lark parser is not thread-safe
             runner = _ENV.program(_ENV.compile(expression), functions=FUNCTIONS)
             ast = _collapsed(runner.ast)
-            return _Program(ast, runner.new_activation(), _reads(ast))
+            return _Program(ast, runner.new_activation())
     except CELParseError as e:  # cel-go's shape: `ERROR: <input>:LINE:COLUMN: Syntax error: ...`
         raise CelError(
             f"compilation failed: ERROR: <input>:{e.line}:{e.column}: Syntax error: unexpected input"
@@ -370,27 +330,53 @@ class Failed:
 _UNREAD = object()
 
 
+class _Recorder:
+    """The reads of the walk under way on one `Inputs` (None when none is recorded); shared by the maps of
+    its documents, which append to it. Owned by the admission call that owns the Inputs."""
+
+    __slots__ = ("reads",)
+
+    def __init__(self) -> None:
+        self.reads: list[tuple[tuple[str, ...], bool]] | None = None
+
+
 class _LazyMap(celtypes.MapType):
     """A JSON object as a CEL map whose values are converted when first read. An admission request's
     documents are whole pods, and most expressions read a few fields of them (a webhook's matchCondition
     often none past `request.dryRun`): converting every value up front cost ~1 ms a pod, kubesim's own
     cost that cel-go, reading the object in place, does not have. Keys are all there, so `in`, `has()`,
     `size()` and iteration see the whole object; reading values through `items()`, `values()`, `get()` or
-    `==` converts the rest first."""
+    `==` converts the rest first.
 
-    def __init__(self, raw: Mapping[str, Any]) -> None:
+    A map of a document given to `Inputs` knows its path there and records each value read through it
+    (`_Recorder`): its keys are in the trace already, as its parent's read of it (so `in`, `has()`, `size()`
+    and iteration, which see only keys, need no entry), and a value read whole is an entry of its own."""
+
+    def __init__(
+        self, raw: Mapping[str, Any], path: tuple[str, ...] | None = None, recorder: _Recorder | None = None
+    ) -> None:
         super().__init__()
         dict.update(self, {celtypes.StringType(k): _UNREAD for k in raw})
         self._raw = raw
+        self._path = path
+        self._recorder = recorder
 
     def __getitem__(self, key: Any) -> Any:
         value = super().__getitem__(key)
         if value is _UNREAD:
-            value = _to_cel(self._raw[str(key)])
+            value = _to_cel(
+                self._raw[str(key)],
+                None if self._path is None else (*self._path, str(key)),
+                self._recorder,
+            )
             dict.__setitem__(self, key, value)
+        if self._path is not None and self._recorder is not None and self._recorder.reads is not None:
+            self._recorder.reads.append(((*self._path, str(key)), not isinstance(value, _LazyMap)))
         return value
 
     def _read_all(self) -> _LazyMap:
+        if self._path is not None and self._recorder is not None and self._recorder.reads is not None:
+            self._recorder.reads.append((self._path, True))
         for key in [k for k, v in dict.items(self) if v is _UNREAD]:
             self[key]
         return self
@@ -420,8 +406,10 @@ class _LazyMap(celtypes.MapType):
         return f"MapType({dict.__repr__(self._read_all())})"
 
 
-def _to_cel(value: Any) -> Any:
-    """A JSON document (with `Failed` policy variables) as CEL values; objects are `_LazyMap`s."""
+def _to_cel(value: Any, path: tuple[str, ...] | None = None, recorder: _Recorder | None = None) -> Any:
+    """A JSON document (with `Failed` policy variables) as CEL values; objects are `_LazyMap`s, which record
+    their reads at `path` when given one (an object with a failed variable, or in a list, does not: its
+    parent's read of it is whole)."""
     kind = type(value)
     if kind is dict:
         if any(isinstance(v, Failed) for v in value.values()):
@@ -431,7 +419,7 @@ def _to_cel(value: Any) -> Any:
                     for k, v in value.items()
                 }
             )
-        return _LazyMap(value)
+        return _LazyMap(value, path, recorder)
     if kind is list:
         return celtypes.ListType([_to_cel(v) for v in value])
     return json_to_cel(value)
@@ -444,6 +432,7 @@ class Inputs:
     def __init__(self, values: Mapping[str, Any]) -> None:
         self._values = dict(values)
         self._converted: dict[str, Any] = {}
+        self.recorder = _Recorder()
 
     def set(self, name: str, value: Any) -> None:
         if name in self._values and self._values[name] is value:
@@ -451,22 +440,36 @@ class Inputs:
         self._values[name] = value
         self._converted.pop(name, None)
 
-    def held(self, reads: tuple[tuple[str, ...], ...]) -> tuple[bytes, ...] | None:
-        """What each of these paths holds (`_held`; b"" where no such variable is given), or None when a
-        document is not JSON (a policy variable that failed: such an evaluation is not remembered)."""
+    def held(self, trace: _Trace) -> bytes | None:
+        """What the inputs hold wherever `trace` read, and which variables are given; None when a value
+        there is not plain JSON (a constructed object, a policy variable that failed: such an evaluation is
+        not remembered)."""
         values = self._values
+        parts = [orjson.dumps(list(values))]
         try:
-            return tuple(_held(values[p[0]], p[1:]) if p[0] in values else b"" for p in reads)
+            for path, whole in trace:
+                value = values.get(path[0], _UNREAD)
+                for name in path[1:]:
+                    value = value[name] if type(value) is dict and name in value else _UNREAD
+                if value is _UNREAD:
+                    parts.append(b"-")
+                elif not whole and type(value) is dict:
+                    parts.append(b"k" + orjson.dumps(list(value)))
+                else:
+                    parts.append(orjson.dumps(value, option=_PLAIN_JSON))
         except TypeError:
             return None
+        return b"\0".join(parts)  # JSON has no NUL byte
 
     def activation(self, expression: str) -> dict[str, Any]:
         out: dict[str, Any] = dict(_CONSTANTS)
         for name, value in self._values.items():
             if re.search(rf"\b{re.escape(name)}\b", expression):
                 if name not in self._converted:
-                    self._converted[name] = _to_cel(value)
-                out[name] = self._converted[name]
+                    self._converted[name] = _to_cel(value, (name,), self.recorder)
+                out[name] = converted = self._converted[name]
+                if self.recorder.reads is not None:
+                    self.recorder.reads.append(((name,), not isinstance(converted, _LazyMap)))
         return out
 
 
@@ -474,26 +477,28 @@ def evaluate(expression: str, variables: Inputs | Mapping[str, Any], budget: Bud
     """The expression's value as plain Python (bool, str, int, float, list, dict, None; a constructed
     object is a `Typed` dict). With a `budget`, its cost is charged to it (CelError past either limit).
 
-    An expression that returns a bool or fails is remembered by what the paths it reads hold
-    (`_Program.memo`): given the same again (a webhook's matchCondition at the reinvocation pass, the gate
-    policy's conditions on every release), it answers and charges the same without walking its tree. The
-    tree walk costs kubesim ~0.2-0.5 ms an evaluation, where cel-go's compiled programs cost microseconds."""
+    An expression that returns a bool or fails is remembered by what its walk read (`_Program.memo`):
+    given inputs that hold the same there (a webhook's matchCondition at the reinvocation pass and for every
+    executor pod, the gate policy's conditions on every release), it answers and charges the same without
+    walking its tree. The tree walk costs kubesim ~0.2-0.5 ms an evaluation, where cel-go's compiled
+    programs cost microseconds."""
     program = _program(expression)
     inputs = variables if isinstance(variables, Inputs) else Inputs(variables)
     meter = budget or Budget()
     limit = min(meter.per_call, meter.remaining + 1)
-    key = inputs.held(program.reads) if program.remembered else None
-    known = program.memo.get(key) if key is not None else None
+    known = None
+    if program.remembered:
+        for shape in list(program.shapes):
+            held = inputs.held(shape)
+            if held is not None and (known := program.memo.get((shape, held))) is not None:
+                break
     if known is None:
-        cost, outcome = _walk(expression, program, inputs, limit)
-        if key is not None and cost <= limit:
+        cost, outcome, trace = _walk(expression, program, inputs, limit)
+        if program.remembered and cost <= limit:
             if not isinstance(outcome, bool | CelError):
                 program.remembered = False
-            else:
-                with _LOCK:
-                    if len(program.memo) >= _MEMO_SIZE:
-                        del program.memo[next(iter(program.memo))]
-                    program.memo[key] = (cost, outcome)
+            elif (held := inputs.held(trace)) is not None:
+                _remember(program, trace, held, (cost, outcome))
     else:
         cost, outcome = known
     if cost > limit:  # the walk stops at the first operation past the limit
@@ -511,17 +516,40 @@ def evaluate(expression: str, variables: Inputs | Mapping[str, Any], budget: Bud
     return outcome
 
 
-def _walk(expression: str, program: _Program, inputs: Inputs, limit: int) -> tuple[int, Any]:
-    """(cost, value or CelError) of one walk of the tree; the cost is limit + 1 when it stopped there."""
+def _remember(program: _Program, trace: _Trace, held: bytes, result: tuple[int, bool | CelError]) -> None:
+    with _LOCK:
+        if len(program.memo) >= _MEMO_SIZE:
+            del program.memo[next(iter(program.memo))]
+        program.memo[(trace, held)] = result
+        if trace not in program.shapes:
+            program.shapes.insert(0, trace)
+            for dropped in program.shapes[_SHAPES:]:
+                for key in [k for k in program.memo if k[0] == dropped]:
+                    del program.memo[key]
+            del program.shapes[_SHAPES:]
+
+
+def _walk(expression: str, program: _Program, inputs: Inputs, limit: int) -> tuple[int, Any, _Trace]:
+    """(cost, value or CelError, what it read) of one walk of the tree; the cost is limit + 1 when it
+    stopped there (and the trace then only what it read so far)."""
     cost = [0]
     evaluator = _Metered(program.ast, program.base, limit, cost)
+    reads: list[tuple[tuple[str, ...], bool]] = []
+    inputs.recorder.reads = reads
     try:
         value = _plain(evaluator.evaluate(inputs.activation(expression)))
-        return cost[0], value
+        return cost[0], value, tuple(dict.fromkeys(reads))
     except CELEvalError as e:  # an error of the walk, or one inside a list or map the value holds
-        return cost[0], CelError(f"expression '{expression}' resulted in error: {e.args[0]}", str(e.args[0]))
+        why = str(e.args[0])
+        return (
+            cost[0],
+            CelError(f"expression '{expression}' resulted in error: {why}", why),
+            tuple(dict.fromkeys(reads)),
+        )
     except _CostExceeded:
-        return cost[0], None
+        return cost[0], None, ()
+    finally:
+        inputs.recorder.reads = None
 
 
 def _plain(value: Any) -> Any:

@@ -9,13 +9,14 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kubesim import cel as kubesim_cel
 from kubesim.cel import RUNTIME_BUDGET, Budget, CelError, Inputs, evaluate
 from sparkgate import cel
 from sparkgate.policy import Policy
+from sparkgate.probe import MATCH_CONDITION, PROBE_LABEL
 from sparkgate.render import render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -155,21 +156,23 @@ MEMO_DOCUMENTS: list[tuple[dict[str, Any], dict[str, Any]]] = [
 ]
 
 
-def test_a_remembered_evaluation_answers_and_costs_what_walking_the_tree_gives(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """kubesim remembers an evaluation by what the paths its expression reads hold (kubesim/cel.py
-    `_Program.memo`): after any first document, the second one's value or error and cost are those of a
-    walk of the tree on a fresh program, whether the second was remembered or not."""
-    walks = 0
+@pytest.fixture
+def walks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many times kubesim walked a tree (kubesim/cel.py `_walk`) from here on, in its one item."""
+    count = [0]
     walk = kubesim_cel._walk
 
     def counted(*args: Any) -> Any:
-        nonlocal walks
-        walks += 1
+        count[0] += 1
         return walk(*args)
 
     monkeypatch.setattr(kubesim_cel, "_walk", counted)
+    return count
+
+
+def test_a_remembered_evaluation_answers_and_costs_what_walking_the_tree_gives(walks: list[int]) -> None:
+    """kubesim remembers an evaluation by what its walk read (kubesim/cel.py `_Program.memo`): after any first document, the second one's value or error and cost are those of a
+    walk of the tree on a fresh program, whether the second was remembered or not."""
     compared = 0
     for expression in MEMO_EXPRESSIONS:
         for first, second in MEMO_DOCUMENTS:
@@ -181,7 +184,7 @@ def test_a_remembered_evaluation_answers_and_costs_what_walking_the_tree_gives(
             compared += 1
     kubesim_cel._program.cache_clear()
     # 49 pairs, each walked for its first and for its fresh second: the rest were answered from memory
-    assert compared == 49 and 98 < walks < 147
+    assert compared == 49 and 98 < walks[0] < 147
 
 
 def test_a_remembered_evaluation_is_charged_to_the_budget_as_its_walk_was() -> None:
@@ -256,13 +259,13 @@ def test_an_expression_that_returns_other_than_a_bool_is_not_keyed_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A mutation's object or a message is never remembered, so once an expression returned one, kubesim no
-    longer dumps what it reads to make a key (a mutation reads most of the pod)."""
+    longer dumps what it read to make a key (a mutation reads most of the pod)."""
     keyed = []
     held = Inputs.held
 
-    def counted(self: Inputs, reads: Any) -> Any:
-        keyed.append(reads)
-        return held(self, reads)
+    def counted(self: Inputs, trace: Any) -> Any:
+        keyed.append(trace)
+        return held(self, trace)
 
     monkeypatch.setattr(Inputs, "held", counted)
     kubesim_cel._program.cache_clear()
@@ -271,13 +274,119 @@ def test_an_expression_that_returns_other_than_a_bool_is_not_keyed_again(
         assert [evaluate("object.a == 1", {"object": {"a": i}}) for i in range(3)] == [False, True, False]
     finally:
         kubesim_cel._program.cache_clear()
-    assert keyed == [(("object", "a"),)] * 4
+    # `object.a` walked three times, keyed never; `object.a == 1`: the first walk's key, then each later
+    # evaluation's look-up by that trace (a miss: `a` differs) and its own walk's key
+    assert keyed == [((("object",), False), (("object", "a"), True))] * 5
 
 
 def test_a_value_that_is_more_than_json_makes_no_key() -> None:
-    """A constructed object (`Typed`, which remembers its type path) or a failed policy variable in what an
-    expression reads: no key, so the evaluation is walked and not remembered."""
-    reads = (("variables", "x"),)
-    assert Inputs({"variables": {"x": {"a": 1}}}).held(reads) == (b'{"a":1}',)
-    assert Inputs({"variables": {"x": kubesim_cel.Typed(("Object",), {"a": 1})}}).held(reads) is None
-    assert Inputs({"variables": {"x": kubesim_cel.Failed("x", "no")}}).held(reads) is None
+    """A constructed object (`Typed`, which remembers its type path) or a failed policy variable where an
+    expression read: no key, so the evaluation is walked and not remembered."""
+    trace = ((("variables",), False), (("variables", "x"), True))
+    assert Inputs({"variables": {"x": {"a": 1}}}).held(trace) == b'["variables"]\0k["x"]\0{"a":1}'
+    assert Inputs({"variables": {"x": kubesim_cel.Typed(("Object",), {"a": 1})}}).held(trace) is None
+    assert Inputs({"variables": {"x": kubesim_cel.Failed("x", "no")}}).held(trace) is None
+
+
+def test_what_a_walk_did_not_read_does_not_split_what_is_remembered(walks: list[int]) -> None:
+    """The webhook's matchCondition (manifests/base/webhooks.yaml) reads the request's dryRun and, on a dry
+    run only, the pod's labels: kubesim walks it once for every executor pod of a real app however their
+    names, labels and uids differ, and again for a dry run, whose answer depends on the label."""
+    requests = [
+        json.loads(path.read_text())["request"] for path in sorted(DATA.glob("*-exec-*.admissionreview.json"))
+    ]
+    assert len({json.dumps(r["object"]["metadata"]["labels"]) for r in requests}) == len(requests) > 3
+    kubesim_cel._program.cache_clear()
+    try:
+        for request in requests:
+            assert evaluate(MATCH_CONDITION["expression"], {"object": request["object"], "request": request})
+        assert walks[0] == 1
+        probe = requests[0]["object"]
+        labelled = {**probe, "metadata": {**probe["metadata"], "labels": {PROBE_LABEL: "true"}}}
+        dry = {**requests[0], "dryRun": True}
+        assert evaluate(MATCH_CONDITION["expression"], {"object": probe, "request": dry}) is True
+        assert evaluate(MATCH_CONDITION["expression"], {"object": labelled, "request": dry}) is False
+        assert walks[0] == 3
+    finally:
+        kubesim_cel._program.cache_clear()
+
+
+SMALL: st.SearchStrategy[Any] = st.recursive(
+    st.none() | st.booleans() | st.integers(0, 2) | st.sampled_from(["a", "b"]),
+    lambda inner: (
+        st.lists(inner, max_size=2) | st.dictionaries(st.sampled_from(["a", "b", "c"]), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+TRACED_EXPRESSIONS = [
+    *MEMO_EXPRESSIONS,
+    "object == request",
+    "object.a == request.a",
+    "size(object) == 2 || 'c' in object.b",
+    "has(object.b) ? object.b.c == 1 : object.a.all(k, k == 'a')",
+    "object.exists(k, object[k] == 1)",
+    "object.a.map(x, x).size() > 1",
+    "has(request.a.b) && request.a.b != object.b",
+    "object.a.b.c == null || request == {}",
+]
+
+
+def _outcome_or_crash(expression: str, inputs: Inputs) -> tuple[str, Any, int] | tuple[str, str]:
+    """What kubesim's evaluation gives (`_outcome`), or the Python exception cel-python raised (a macro over
+    `null` raises TypeError in its walker): such an evaluation is not remembered, and raises the same every
+    time."""
+    budget = Budget()
+    try:
+        result: tuple[str, Any] = ("value", evaluate(expression, inputs, budget))
+    except CelError as e:
+        result = ("error", str(e))
+    except Exception as e:
+        return ("crash", type(e).__name__)
+    return (*result, RUNTIME_BUDGET - budget.remaining)
+
+
+# Read first on the same inputs: the values it converted are read again from the maps' cache, not the
+# documents, and must be in the trace all the same.
+WARM_UP = "has(object.a) && has(object.b) && object.a.all(k, has(object.a.b)) && object.b.size() > 0"
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {"object": st.dictionaries(st.sampled_from(["a", "b", "c"]), SMALL, max_size=3)},
+            optional={"request": st.dictionaries(st.sampled_from(["a", "b"]), SMALL, max_size=2)},
+        ),
+        min_size=2,
+        max_size=4,
+    ),
+    st.booleans(),
+)
+@example([{"object": {"a": 1}, "request": {"a": 1}}, {"object": {"a": 2}, "request": {"a": 1}}], False)
+@example(
+    [
+        {"object": {"a": [1], "b": [1]}, "request": {"a": [1], "b": [1]}},
+        {"object": {"a": [2], "b": [1]}, "request": {"a": [1], "b": [1]}},
+    ],
+    True,
+)
+def test_a_traced_evaluation_answers_what_a_fresh_walk_gives(
+    documents: list[dict[str, Any]], warm: bool
+) -> None:
+    """Whatever came before (the traces and answers of earlier documents, what an earlier expression on the
+    same inputs read), each evaluation's value or error and cost are those of a fresh program walking its
+    tree on fresh inputs: a remembered answer is given only where the inputs hold what its walk read."""
+    for expression in TRACED_EXPRESSIONS:
+        kubesim_cel._program.cache_clear()
+        seen = []
+        for doc in documents:
+            inputs = Inputs(doc)
+            if warm:
+                _outcome_or_crash(WARM_UP, inputs)
+            seen.append(_outcome_or_crash(expression, inputs))
+        fresh = []
+        for doc in documents:
+            kubesim_cel._program.cache_clear()
+            fresh.append(_outcome_or_crash(expression, Inputs(doc)))
+        assert seen == fresh, expression
+    kubesim_cel._program.cache_clear()
