@@ -10,11 +10,10 @@ under Fail).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from . import cel
+from . import cel, ids
 from .errors import ApiError
 from .resources import RESOURCES
 from .selectors import match_label_selector_object
@@ -99,7 +98,7 @@ def review_request(request: AdmissionRequest, obj: Obj | None) -> Obj:
     if request.dry_run:
         options["dryRun"] = ["All"]
     body: Obj = {
-        "uid": str(uuid.uuid4()),
+        "uid": ids.uid(),
         "kind": gvk,
         "resource": gvr,
         "requestKind": gvk,

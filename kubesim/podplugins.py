@@ -14,10 +14,9 @@ Each rule names its source file under plugin/pkg/admission/ (kubernetes/kubernet
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
-from . import podrules, podsecurity, quantities
+from . import ids, podrules, podsecurity, quantities
 from .errors import ApiError, forbidden, invalid
 from .store import AdmissionRequest, Obj, Store
 
@@ -167,7 +166,7 @@ def _mount_token(spec: Obj) -> None:
     existing = next(
         (v["name"] for v in volumes if str(v.get("name", "")).startswith("kube-api-access-")), None
     )
-    name = existing or "kube-api-access-" + "".join(secrets.choice(_NAME_CHARS) for _ in range(5))
+    name = existing or "kube-api-access-" + ids.suffix(5, _NAME_CHARS)
     mount = {"name": name, "readOnly": True, "mountPath": TOKEN_MOUNT_PATH}
     needed = False
     for field in ("initContainers", "containers"):

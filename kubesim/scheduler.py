@@ -37,7 +37,6 @@ import collections
 import contextlib
 import json
 import re
-import secrets
 import threading
 import time
 import urllib.error
@@ -46,6 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import ids
 from .errors import ApiError
 from .quantities import cpu_millis, memory_bytes
 from .store import Obj, Store, now_rfc3339
@@ -509,7 +509,7 @@ class Scheduler:
             self.store.create(
                 "events",
                 {
-                    "metadata": {"name": f"{key[1]}.{secrets.token_hex(8)}", "namespace": key[0]},
+                    "metadata": {"name": f"{key[1]}.{ids.suffix(16)}", "namespace": key[0]},
                     "involvedObject": {
                         "apiVersion": "v1",
                         "kind": "Pod",

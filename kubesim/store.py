@@ -27,7 +27,6 @@ import datetime as dt
 import json
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +34,7 @@ from typing import Any
 from sparkgate.json_patch import PatchError, apply_patch, merge_patch
 
 from . import apply as apply_
-from . import podrules, quota
+from . import ids, podrules, quota
 from .errors import (
     STALE,
     ApiError,
@@ -444,7 +443,7 @@ class Store:
             self._check_namespace(r, meta.get("namespace", ""), meta.get("name", ""))
         request, admitted = self._admit("CREATE", resource, obj, None, user, dry_run)
         # BeforeCreate, between the mutating and the validating phase: a generated name is chosen.
-        name = meta.get("name") or meta["generateName"] + uuid.uuid4().hex[:5]
+        name = meta.get("name") or meta["generateName"] + ids.suffix(5)
         ns = meta.get("namespace", "")
         obj = admitted if admitted is not None else obj
         obj.setdefault("metadata", {})["name"] = name
@@ -456,9 +455,7 @@ class Store:
             self._check_namespace(r, ns, name)
             if (ns, name) in self._objects[resource]:
                 raise already_exists(resource, name)
-            obj["metadata"].update(
-                uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339(self.clock), generation=1
-            )
+            obj["metadata"].update(uid=ids.uid(), creationTimestamp=now_rfc3339(self.clock), generation=1)
             obj["metadata"].pop("resourceVersion", None)
             if resource == "namespaces":
                 obj["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = name

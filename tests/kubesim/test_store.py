@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import threading
+import uuid
 from typing import Any
 
 import pytest
@@ -279,3 +281,15 @@ def test_garbage_collection_follows_the_owner_references_as_they_are_now(store: 
     store.patch("configmaps", "spark", "adopted", {"metadata": {"ownerReferences": [ref]}}, merge)
     store.delete("configmaps", "spark", "owner")
     assert names(store.list("configmaps", "spark")[0]) == ["freed"]
+
+
+def test_uids_are_random_version_4_uuids_and_a_generated_name_five_more_characters(store: Store) -> None:
+    """metadata.uid is a random RFC 4122 UUID (k8s.io/apimachinery/pkg/util/uuid) and generateName gets a
+    5-character random suffix (names.SimpleNameGenerator), from kubesim/ids.py's generator."""
+    made = [store.create("configmaps", cm(f"c{i}"), namespace="spark") for i in range(200)]
+    uids = [uuid.UUID(o["metadata"]["uid"]) for o in made]
+    assert all(u.version == 4 and u.variant == uuid.RFC_4122 for u in uids) and len(set(uids)) == 200
+    name = store.create("configmaps", {"metadata": {"generateName": "g-"}}, namespace="spark")["metadata"][
+        "name"
+    ]
+    assert re.fullmatch(r"g-[0-9a-f]{5}", name)
