@@ -28,15 +28,21 @@ class TinyWebhook:
 
     Its configurations allow the API server 30 s (the most `timeoutSeconds` accepts) with `failurePolicy:
     Fail`: the webhook answers at once, so the timeout is only a safety net and a pause of the busy test
-    process never turns an answer into a failed call. No test here is about the timeout itself."""
+    process never turns an answer into a failed call. No test here is about the timeout itself.
 
-    def __init__(self, answer: Answer) -> None:
+    `framing` is how an answer's end is told: "length" (Content-Length, the connection kept), "chunked"
+    (Transfer-Encoding: chunked), "close" (Connection: close, the body ends with the connection), "dropped"
+    (Content-Length and HTTP/1.1 keep-alive, then the connection closed all the same, as an idle timeout of
+    the server does). `connections` counts the connections it accepted."""
+
+    def __init__(self, answer: Answer, framing: str = "length") -> None:
         now = dt.datetime.now(dt.UTC)
         self.ca = make_ca("test-ca", now, dt.timedelta(hours=1))
         serving = make_serving_cert(
             self.ca, ["localhost"], now, dt.timedelta(hours=1), ip_addresses=("127.0.0.1",)
         )
         self.requests: list[dict[str, Any]] = []
+        self.connections = 0
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -44,6 +50,10 @@ class TinyWebhook:
 
             def log_message(self, *args: Any) -> None:
                 return
+
+            def setup(self) -> None:
+                outer.connections += 1
+                super().setup()
 
             def do_POST(self) -> None:
                 review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -57,9 +67,20 @@ class TinyWebhook:
                 ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
+                if framing == "chunked":
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    half = len(body) // 2
+                    for part in (body[:half], body[half:], b""):
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+                    return
+                if framing == "close":
+                    self.send_header("Connection", "close")
+                else:
+                    self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+                self.close_connection = framing in ("close", "dropped")
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -117,6 +138,28 @@ def webhook() -> Iterator[TinyWebhook]:
 
 def executor_pod(name: str) -> dict[str, Any]:
     return pod(name, {"spark-role": "executor", "spark-app-selector": "spark-1"})
+
+
+@pytest.mark.parametrize(
+    ("framing", "connections", "calls"),
+    [("length", 1, 3), ("chunked", 1, 3), ("close", 3, 3), ("dropped", 3, 5)],
+)
+def test_a_webhooks_answer_is_read_however_it_is_framed_and_a_dropped_connection_is_retried_once(
+    cluster: Cluster, core: client.CoreV1Api, framing: str, connections: int, calls: int
+) -> None:
+    """kubesim's webhook client (kubesim/admission.py `_Connection`) reads an answer framed by its length,
+    chunked or by the end of the connection, keeps the connection where HTTP/1.1 lets it, and sends a
+    review again once on a new connection when the kept one turns out closed (as Go's net/http retries a
+    request on a kept connection the server closed before it answered)."""
+    hook = TinyWebhook(gate_patch, framing)
+    try:
+        cluster.store.create("mutatingwebhookconfigurations", hook.config())
+        created = [core.create_namespaced_pod("spark", executor_pod(f"e{i}")) for i in range(3)]
+    finally:
+        hook.close()
+    assert all([g.name for g in p.spec.scheduling_gates] == ["sparkgate.io/allocator"] for p in created)
+    assert len(hook.requests) == 3 and hook.connections == connections
+    assert cluster.admission.calls == calls  # each dropped connection: one send on it, then one on a new one
 
 
 def test_mutating_webhook_patch_is_applied_and_carries_the_users_identity(
