@@ -312,12 +312,15 @@ def _histogram_series(
 ) -> tuple[str, ...]:
     """A histogram child's series texts, as `text_series` makes them: each bucket's (its bound `le` among
     the child's labels, by name), then _count's and, when the histogram has one, _sum's."""
-    pairs = [(k, f'{k}="{v.translate(LABEL_ESCAPES)}"') for k, v in zip(names, values, strict=True)]
-    own = "{" + ",".join(text for _, text in sorted(pairs)) + "}"
-    buckets = [
-        name + "_bucket{" + ",".join(text for _, text in sorted([*pairs, ("le", f'le="{le}"')])) + "}"
-        for le in bounds
-    ]
+    pairs = sorted((k, f'{k}="{v.translate(LABEL_ESCAPES)}"') for k, v in zip(names, values, strict=True))
+    texts = [text for _, text in pairs]
+    own = "{" + ",".join(texts) + "}"
+    # `le` takes its place among the labels by name: the labels before it and after it are the same text
+    # in every bucket (a sort per bucket made the first scrape's 200 namespaces ~10 ms dearer).
+    at = sum(1 for k, _ in pairs if k < "le")
+    head = name + "_bucket{" + "".join(text + "," for text in texts[:at])
+    tail = "".join("," + text for text in texts[at:]) + "}"
+    buckets = [f'{head}le="{le}"{tail}' for le in bounds]
     return (*buckets, name + "_count" + own, *((name + "_sum" + own,) if with_sum else ()))
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from allocator import status as status_module
 from allocator.decision import AppSettings
@@ -160,6 +160,11 @@ def test_the_registry_s_text_is_prometheus_clients_and_keeps_only_live_series() 
         "sparkgate_test_odd", "A help text with a \\ and\na line feed.", ["value"], registry=metrics.registry
     )
     odd.labels('a "quoted" \\ value\nover two lines').inc(2)
+    # labels that sort before and after a bucket's `le`
+    spread = Histogram(
+        "sparkgate_test_spread", "Buckets amid labels.", ["app", "zone"], registry=metrics.registry
+    )
+    spread.labels("a", "z").observe(0.5)
     for i in range(30):
         namespace = f"spark-team-{i:03d}"
         metrics.releases.labels(namespace).inc(i)
