@@ -487,9 +487,10 @@ def evaluate(expression: str, variables: Inputs | Mapping[str, Any], budget: Bud
     meter = budget or Budget()
     limit = min(meter.per_call, meter.remaining + 1)
     known = None
+    looked: dict[_Trace, bytes | None] = {}  # what the inputs hold at each trace looked up: not made twice
     if program.remembered:
         for shape in list(program.shapes):
-            held = inputs.held(shape)
+            held = looked[shape] = inputs.held(shape)
             if held is not None and (known := program.memo.get((shape, held))) is not None:
                 break
     if known is None:
@@ -497,7 +498,7 @@ def evaluate(expression: str, variables: Inputs | Mapping[str, Any], budget: Bud
         if program.remembered and cost <= limit:
             if not isinstance(outcome, bool | CelError):
                 program.remembered = False
-            elif (held := inputs.held(trace)) is not None:
+            elif (held := looked[trace] if trace in looked else inputs.held(trace)) is not None:
                 _remember(program, trace, held, (cost, outcome))
     else:
         cost, outcome = known
