@@ -39,6 +39,17 @@ def already_exists(resource: str, name: str) -> ApiError:
     )
 
 
+def generate_name_conflict(resource: str, name: str) -> ApiError:
+    """A create with generateName whose every generated name was taken (apimachinery errors.go
+    `NewGenerateNameConflict(gr, name, 1)`, from rest.CheckGeneratedNameError)."""
+    return ApiError(
+        409,
+        "AlreadyExists",
+        f'{resource} "{name}" already exists, the server was not able to generate a unique name for the object',
+        {"name": name, "kind": resource, "retryAfterSeconds": 1},
+    )
+
+
 def conflict(resource: str, name: str, why: str) -> ApiError:
     return ApiError(
         409,

@@ -16,6 +16,9 @@ import uuid
 
 _RANDOM = random.Random()  # seeded from os.urandom, once
 HEX = "0123456789abcdef"
+# apimachinery util/rand `alphanums`: names.SimpleNameGenerator's suffixes (generateName, the token volume),
+# vowels left out "to reduce the chances of bad words being formed".
+NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 
 
 def uid() -> str:

@@ -28,7 +28,6 @@ SYSTEM_PRIORITY_CLASSES: dict[str, int] = {
 HIGHEST_USER_DEFINABLE_PRIORITY = 1000000000
 
 TOKEN_MOUNT_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
-_NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # apimachinery names.SimpleNameGenerator
 
 
 def mutate(store: Store, request: AdmissionRequest, obj: Obj) -> None:
@@ -166,7 +165,7 @@ def _mount_token(spec: Obj) -> None:
     existing = next(
         (v["name"] for v in volumes if str(v.get("name", "")).startswith("kube-api-access-")), None
     )
-    name = existing or "kube-api-access-" + ids.suffix(5, _NAME_CHARS)
+    name = existing or "kube-api-access-" + ids.suffix(5, ids.NAME_CHARS)
     mount = {"name": name, "readOnly": True, "mountPath": TOKEN_MOUNT_PATH}
     needed = False
     for field in ("initContainers", "containers"):

@@ -43,6 +43,7 @@ from .errors import (
     bad_request,
     conflict,
     expired,
+    generate_name_conflict,
     invalid,
     not_found,
 )
@@ -55,6 +56,9 @@ from .watching import Watch, matcher
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace or "", name)
+# registry/store.go: a create with generateName is tried this many times with a new name each
+# (the RetryGenerateName feature, on by default since 1.32 and locked on since).
+MAX_NAME_GENERATION_CREATE_ATTEMPTS = 8
 
 
 @dataclass(frozen=True)
@@ -442,35 +446,60 @@ class Store:
         with self._lock:  # NamespaceLifecycle, the first plugin: before any other admission
             self._check_namespace(r, meta.get("namespace", ""), meta.get("name", ""))
         request, admitted = self._admit("CREATE", resource, obj, None, user, dry_run)
-        # BeforeCreate, between the mutating and the validating phase: a generated name is chosen.
-        name = meta.get("name") or meta["generateName"] + ids.suffix(5)
-        ns = meta.get("namespace", "")
+        given, ns = meta.get("name"), meta.get("namespace", "")
         obj = admitted if admitted is not None else obj
-        obj.setdefault("metadata", {})["name"] = name
-        if r.namespaced:
-            obj["metadata"]["namespace"] = ns
-        check_object(resource, r.kind, obj)
-        self._validate(request, obj)
-        with self._lock:
-            self._check_namespace(r, ns, name)
-            if (ns, name) in self._objects[resource]:
-                raise already_exists(resource, name)
-            obj["metadata"].update(uid=ids.uid(), creationTimestamp=now_rfc3339(self.clock), generation=1)
-            obj["metadata"].pop("resourceVersion", None)
+        obj.setdefault("metadata", {})
+        # registry/store.go `Create`: with generateName and no name, up to 8 attempts
+        # (maxNameGenerationCreateAttempts), each choosing a new name (BeforeCreate, between the mutating and
+        # the validating phase) and validated again; only a name already taken is retried, and the last one
+        # taken answers rest.CheckGeneratedNameError's conflict. Mutating admission is not run again.
+        attempts = 1 if given else MAX_NAME_GENERATION_CREATE_ATTEMPTS
+        for attempt in range(1, attempts + 1):
+            name = given or meta["generateName"] + ids.suffix(5, ids.NAME_CHARS)
+            obj["metadata"]["name"] = name
+            if r.namespaced:
+                obj["metadata"]["namespace"] = ns
+            check_object(resource, r.kind, obj)
+            self._validate(request, obj)
+            with self._lock:
+                self._check_namespace(r, ns, name)
+                if (ns, name) in self._objects[resource]:
+                    if given:
+                        raise already_exists(resource, name)
+                    if attempt == attempts:
+                        raise generate_name_conflict(resource, name)
+                    continue
+                stored = self._store_new(resource, r, ns, name, obj, request, dry_run)
+            break
+        if not dry_run:
+            self._dispatch()
             if resource == "namespaces":
-                obj["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = name
-                obj.setdefault("status", {"phase": "Active"})
-            if resource == "pods" and request is not None:
-                for q in self._quotas(ns):
-                    quota.check(q, obj)
-            if dry_run:
-                obj["metadata"]["resourceVersion"] = str(self._rv)
-                return obj
-            stored = self._commit(resource, (ns, name), obj, "ADDED", None)
-        self._dispatch()
-        if resource == "namespaces":
-            self.create("serviceaccounts", {"metadata": {"name": "default"}}, namespace=name)
+                self.create("serviceaccounts", {"metadata": {"name": "default"}}, namespace=name)
         return stored
+
+    def _store_new(
+        self,
+        resource: str,
+        r: Resource,
+        ns: str,
+        name: str,
+        obj: Obj,
+        request: AdmissionRequest | None,
+        dry_run: bool,
+    ) -> Obj:
+        """A created object stored (the lock held, its name free): its system fields, the quota check."""
+        obj["metadata"].update(uid=ids.uid(), creationTimestamp=now_rfc3339(self.clock), generation=1)
+        obj["metadata"].pop("resourceVersion", None)
+        if resource == "namespaces":
+            obj["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = name
+            obj.setdefault("status", {"phase": "Active"})
+        if resource == "pods" and request is not None:
+            for q in self._quotas(ns):
+                quota.check(q, obj)
+        if dry_run:
+            obj["metadata"]["resourceVersion"] = str(self._rv)
+            return obj
+        return self._commit(resource, (ns, name), obj, "ADDED", None)
 
     def _check_namespace(self, r: Resource, ns: str, name: str) -> None:
         """NamespaceLifecycle: no content in a namespace that does not exist or is being terminated."""

@@ -292,4 +292,45 @@ def test_uids_are_random_version_4_uuids_and_a_generated_name_five_more_characte
     name = store.create("configmaps", {"metadata": {"generateName": "g-"}}, namespace="spark")["metadata"][
         "name"
     ]
-    assert re.fullmatch(r"g-[0-9a-f]{5}", name)
+    assert re.fullmatch(r"g-[bcdfghjklmnpqrstvwxz2456789]{5}", name)  # apimachinery util/rand `alphanums`
+
+
+def test_a_generated_name_already_taken_is_generated_again_up_to_eight_attempts(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RetryGenerateName (KEP-4420, locked on since 1.32): registry/store.go `createWithGenerateNameRetry`
+    makes up to 8 attempts (maxNameGenerationCreateAttempts), each with a new name and the validating phase
+    run again, mutating admission once; the last name taken answers rest.CheckGeneratedNameError's
+    `NewGenerateNameConflict(gr, name, 1)`. An explicit name taken is a plain AlreadyExists, not retried."""
+    store.create("configmaps", cm("g-bbbbb"), namespace="spark")
+    suffixes: list[str] = []
+
+    def suffix(length: int, alphabet: str = "") -> str:
+        suffixes.append(candidates.pop(0) if candidates else "bbbbb")
+        return suffixes[-1]
+
+    admitted: list[str] = []
+    validated: list[str] = []
+    store.admit = lambda request: admitted.append(request.name) or None  # type: ignore[func-returns-value]
+    store.validate = lambda request, obj: validated.append(request.name)
+    monkeypatch.setattr("kubesim.ids.suffix", suffix)
+    candidates = ["bbbbb", "bbbbb", "ccccc"]
+    made = store.create("configmaps", {"metadata": {"generateName": "g-"}}, namespace="spark", user=USER)
+    assert made["metadata"]["name"] == "g-ccccc" and made["metadata"]["generateName"] == "g-"
+    assert admitted == [""] and validated == ["g-bbbbb", "g-bbbbb", "g-ccccc"]
+
+    suffixes.clear()
+    with pytest.raises(ApiError) as e:
+        store.create("configmaps", {"metadata": {"generateName": "g-"}}, namespace="spark", user=USER)
+    assert suffixes == ["bbbbb"] * 8
+    assert (e.value.code, e.value.reason) == (409, "AlreadyExists")
+    assert e.value.message == (
+        'configmaps "g-bbbbb" already exists, the server was not able to generate a unique name for the object'
+    )
+    assert e.value.status()["details"] == {"name": "g-bbbbb", "kind": "configmaps", "retryAfterSeconds": 1}
+
+    suffixes.clear()
+    with pytest.raises(ApiError) as e:
+        store.create("configmaps", cm("g-bbbbb"), namespace="spark", user=USER)
+    assert suffixes == [] and e.value.message == 'configmaps "g-bbbbb" already exists'
+    assert [o["metadata"]["name"] for o in store.list("configmaps", "spark")[0]] == ["g-bbbbb", "g-ccccc"]
