@@ -251,10 +251,16 @@ class Controller:
         seconds while this replica leads. Not in the loop thread: a flush is a write per app whose history
         changed, thousands of them when a busy cluster's apps end together, and the loop would wait for each
         one before deciding again (89 ms a flush on average at 100,000 pods with writes answered in process:
-        bench/scale.py)."""
+        bench/scale.py). An unexpected exception of a flush (a bug) is logged with its traceback and counted as
+        a failed write, and the next flush tries again: the thread never ends before the loop, which would
+        leave every later history unsaved with nothing to show it but `history_unsaved`."""
         while not self.stop_event.wait(self.options.history_flush) and not self.lost_lease.is_set():
             if self.elector.leading:
-                self.histories.flush()
+                try:
+                    self.histories.flush()
+                except Exception:
+                    log.exception("saving the deletion histories failed; trying again at the next flush")
+                    self.metrics.history_write_failures.inc()
 
     def step(self, keys: set[AppKey]) -> None:
         """Decide for `keys` (taken from the queue: each is done here or when its actions are)."""

@@ -175,7 +175,7 @@ class AllocatorMetrics:
         )
         self.history_write_failures = Counter(
             "sparkgate_allocator_history_write_failures",
-            "Failed writes of a deletion history ConfigMap (retried after a backoff).",
+            "Failed writes of a deletion history ConfigMap (retried after a backoff), and flushes that raised.",
             registry=r,
         )
         self.history_ids_dropped = Counter(

@@ -330,3 +330,37 @@ def test_an_exception_in_one_apps_decision_does_not_stop_the_others(monkeypatch:
         and "a record no rule expected" in d.errors[AppKey("spark", "bad")]
     )
     assert [a.pod.name for a in d.actions if isinstance(a, Release)] == ["good-exec-1"]
+
+
+def test_a_flush_of_the_histories_that_raises_is_counted_and_the_next_one_saves(
+    start: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The histories thread outlives an unexpected exception of a flush (a bug): logged with its traceback,
+    counted as a failed write, and the next flush saves what changed. A thread that ended there would leave
+    every later history unsaved for the rest of the process's life."""
+    running = start(history_flush=0.2)
+    store, histories = running.cluster.store, running.allocator.controller.histories
+    flush, raised = histories.flush, threading.Event()
+
+    def failing() -> None:
+        if not raised.is_set():
+            raised.set()
+            raise RuntimeError("a bug in the flush")
+        flush()
+
+    histories.flush = failing  # type: ignore[method-assign]
+    store.create("pods", executor("exec-1", exec_id=1))
+    running.cluster.wait_for(raised.is_set, timeout=30, what="a flush raising")
+    store.delete("pods", "spark", "exec-1")  # the app's history changes: a later flush writes it
+    key = AppKey("spark", "app-1")
+
+    def saved() -> bool:
+        try:
+            config = store.get("configmaps", NS, history_name(key))
+        except Exception:
+            return False
+        return History.from_dict(json.loads(config["data"]["history.json"])).exec_ids == {1}
+
+    running.cluster.wait_for(saved, timeout=60, what="the history saved by a later flush")
+    assert running.sample("sparkgate_allocator_history_write_failures_total") >= 1
+    assert any(r.exc_info and "a bug in the flush" in str(r.exc_info[1]) for r in caplog.records)
