@@ -65,6 +65,7 @@ import gc
 import json
 import logging
 import math
+import os
 import queue
 import re
 import resource
@@ -1441,8 +1442,19 @@ def check(size: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _void_run(hook: threading.ExceptHookArgs) -> None:
+    """A thread of the allocator (its loop, its histories) or of the stand-in died: the run is void, and every
+    wait of the main thread would otherwise last its WAIT seconds before failing. `sparkgate allocator` exits
+    too when its loop ends (allocator/commands.py), and Kubernetes restarts it."""
+    threading.__excepthook__(hook)
+    name = hook.thread.name if hook.thread is not None else "?"
+    print(f"# scale: thread {name} died: the run is void", file=sys.stderr, flush=True)
+    os._exit(1)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     logging.basicConfig(level=logging.ERROR)
+    threading.excepthook = _void_run  # this benchmark runs as its own process (python -m bench.scale)
     if args.smoke:
         # 10 apps a namespace: the namespace limit (100 in flight) binds, so its check has teeth.
         args.sizes, args.apps_per_namespace, args.turns = [200, 400], 10, 5
