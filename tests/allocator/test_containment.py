@@ -12,6 +12,7 @@ allocator` assembles it (allocator/commands.py `assemble`), against kubesim over
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import urllib.error
@@ -299,16 +300,17 @@ def test_a_history_write_that_hangs_does_not_hold_the_loop(start: Any) -> None:
         assert faults.holding() >= 1  # the write still hangs: the release did not wait for it
     finally:
         faults.resume()
-    key = AppKey("spark", "app-1")
-
-    def saved() -> bool:
-        try:
-            config = store.get("configmaps", NS, history_name(key))
-        except Exception:
-            return False
-        return History.from_dict(json.loads(config["data"]["history.json"])).exec_ids == {1}
-
+    saved = functools.partial(history_saved, store, AppKey("spark", "app-1"), {1})
     running.cluster.wait_for(saved, timeout=60, what="the history saved once the API answers")
+
+
+def history_saved(store: Any, key: AppKey, exec_ids: set[int]) -> bool:
+    """The app's deletion history is saved in its ConfigMap with these executor ids."""
+    try:
+        config = store.get("configmaps", NS, history_name(key))
+    except Exception:
+        return False
+    return History.from_dict(json.loads(config["data"]["history.json"])).exec_ids == exec_ids
 
 
 def test_an_exception_in_one_apps_decision_does_not_stop_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -352,15 +354,7 @@ def test_a_flush_of_the_histories_that_raises_is_counted_and_the_next_one_saves(
     store.create("pods", executor("exec-1", exec_id=1))
     running.cluster.wait_for(raised.is_set, timeout=30, what="a flush raising")
     store.delete("pods", "spark", "exec-1")  # the app's history changes: a later flush writes it
-    key = AppKey("spark", "app-1")
-
-    def saved() -> bool:
-        try:
-            config = store.get("configmaps", NS, history_name(key))
-        except Exception:
-            return False
-        return History.from_dict(json.loads(config["data"]["history.json"])).exec_ids == {1}
-
+    saved = functools.partial(history_saved, store, AppKey("spark", "app-1"), {1})
     running.cluster.wait_for(saved, timeout=60, what="the history saved by a later flush")
     assert running.sample("sparkgate_allocator_history_write_failures_total") >= 1
     assert any(r.exc_info and "a bug in the flush" in str(r.exc_info[1]) for r in caplog.records)
