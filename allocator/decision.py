@@ -363,7 +363,13 @@ def _release(
     hits: Counter[str],
 ) -> tuple[tuple[str, str] | None, list[Action]]:
     """((scope, why) the remaining gated pods wait, or None; the actions that release a batch)."""
-    pace = mem.pacing = pacing.observe(mem.pacing, allocation, app.pods, now)  # the scheduler's answers
+    previous = mem.pacing
+    pace = mem.pacing = pacing.observe(previous, allocation, app.pods, now)  # the scheduler's answers
+    if not pace.growing and (rounds := pace.round.keys() | (previous.round.keys() if previous else set())):
+        # The fixed rule holds (a fall back, or pacing switched to fixed): the pods the window released and
+        # the scheduler has not answered are part of the batch it waits for, wherever in the window's rounds
+        # they were released, and a batch is topped up only to batchSize with them counted.
+        mem.last_batch = mem.last_batch | rounds
     if not gated:
         mem.waiting_since = None
         return None, []

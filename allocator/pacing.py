@@ -27,8 +27,12 @@ applies them after the window), so unschedulable pods never exceed the caps. The
 only the scheduler's answers.
 
 State: one `Window` per app, in the app's memory (model.AppMemory.pacing), owned by the loop thread like the
-rest of the memory (a decision works on a copy; windows are immutable and replaced whole), rebuilt from
-slow start after a restart. Pure: the clock is the decision's `now`.
+rest of the memory (a decision works on a copy; windows are immutable and replaced whole). It is not
+persisted: after a restart or a fail-over (or a switch from `fixed`) the app starts slow again, and the pods
+sparkgate released that still wait for the scheduler join the new window's round as first seen (`observe`),
+so they count against it, fall it back if never answered, and hold the fixed rule's batch after a fall back
+(decision.py folds every round's unanswered pods into the batch the fixed rule waits for). Pure: the clock is
+the decision's `now`.
 """
 
 from __future__ import annotations
@@ -95,21 +99,32 @@ def refused(pod: PodRecord) -> bool:
     return pod.unschedulable and unbound(pod)
 
 
+def slow_bind_at(at: float, allocation: Allocation) -> float:
+    """When a pod of the round released (or first seen waiting) at `at` will have waited `slowBindSeconds`:
+    from then on it makes its app fall back (`observe`), and the app is decided again then (`next_check`)."""
+    return at + allocation.slow_bind_seconds
+
+
 def observe(window: Window | None, allocation: Allocation, pods: Iterable[PodRecord], now: float) -> Window:
     """The app's window after the scheduler's answers about its pods (all of them: the cache's view)."""
     if allocation.pacing != "adaptive":
         return Window(allocation.batch_size, Reason.FIXED)
-    if window is None or window.reason is Reason.FIXED:
-        window = Window(allocation.batch_size, Reason.SLOW_START)
     top = ceiling(allocation)
+    start = min(allocation.batch_size, top)
+    if window is None or window.reason is Reason.FIXED:
+        window = Window(start, Reason.SLOW_START)
     # One pass over the app's pods: the round's pods bound since the last observation (they leave the round),
     # those waiting for the scheduler's answer, those whose release the snapshot does not show yet (they
-    # stay in a growing round), and any refusal.
+    # stay in a growing round), and any refusal. A pod sparkgate released that waits for the scheduler and
+    # that the round does not know (released before a restart, by the previous leader, or under `fixed`)
+    # joins it as first seen now: it counts against the window and falls the app back if never answered.
     round_, kept, waiting, bound, refusal = window.round, {}, {}, 0, False
     for p in pods:
         refusal = refusal or refused(p)
         at = round_.get(p.name)
         if at is None:
+            if p.profile is not None and unanswered(p):
+                kept[p.name] = waiting[p.name] = now
             continue
         if p.node is not None:
             bound += 1
@@ -119,29 +134,31 @@ def observe(window: Window | None, allocation: Allocation, pods: Iterable[PodRec
             kept[p.name] = at
     if refusal:
         return Window(allocation.batch_size, Reason.UNSCHEDULABLE, waiting, len(waiting))
-    if any(now - at >= allocation.slow_bind_seconds for at in waiting.values()):
+    if any(now >= slow_bind_at(at, allocation) for at in waiting.values()):
         return Window(allocation.batch_size, Reason.SLOW_BIND, waiting, len(waiting))
     if window.growing:
         # Grown by each pod bound in time, as TCP's congestion window grows by each acknowledgement: a
         # window's worth bound doubles it, whether or not the app went on releasing meanwhile. (Growing only
         # once a whole round was bound kept an app that always had pods to release, such as a Deployment's,
         # at its first window: its round never emptied.)
-        size = max(allocation.batch_size, min(window.size + bound, top))
+        size = max(start, min(window.size + bound, top))
         return Window(size, Reason.CEILING if size >= top else Reason.SLOW_START, kept, len(waiting))
     if not waiting:
         # recovered: slow start again, as soon as nothing of the app is refused or unanswered (the pods
         # refused leave the round: when they are bound at last, the scheduler has placed all it was given,
         # and room has come)
-        return Window(allocation.batch_size, Reason.SLOW_START)
+        return Window(start, Reason.SLOW_START)
     return Window(allocation.batch_size, window.reason, waiting, len(waiting))
 
 
 def released(window: Window, names: Collection[str], now: float) -> Window:
-    """The window after `names` were released at `now` (they join the round; fixed pacing keeps none)."""
+    """The window after `names` (gated until now) were released at `now`: they join the round from now, a pod
+    whose earlier release failed too (fixed pacing keeps none)."""
     if window.reason is Reason.FIXED or not names:
         return window
-    new = dict.fromkeys(set(names) - window.round.keys(), now)
-    return Window(window.size, window.reason, {**window.round, **new}, window.waiting + len(new))
+    return Window(
+        window.size, window.reason, {**window.round, **dict.fromkeys(names, now)}, window.waiting + len(names)
+    )
 
 
 def next_check(window: Window, allocation: Allocation, pods: Iterable[PodRecord], now: float) -> float | None:
@@ -156,6 +173,6 @@ def next_check(window: Window, allocation: Allocation, pods: Iterable[PodRecord]
         for p in pods
         if (at := window.round.get(p.name)) is not None
         and (p.gated or unanswered(p))
-        and (end := at + allocation.slow_bind_seconds) > now
+        and (end := slow_bind_at(at, allocation)) > now
     ]
     return min(ends, default=None)

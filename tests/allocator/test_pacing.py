@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from allocator import pacing
 from allocator.cache import pod_record
-from allocator.decision import Decision, decide
+from allocator.decision import Decision, decide, rebuilt_memory
 from allocator.metrics import AllocatorMetrics
 from allocator.model import AppMemory, PodRecord, Release, Snapshot
 from allocator.pacing import Reason, Window
@@ -62,10 +62,12 @@ class Cluster:
     def snapshot(self) -> Snapshot:
         return snap(*(view(name, list(pods.values())) for name, pods in self.pods.items()))
 
-    def decide(self, policy: Policy, now: float) -> Decision:
+    def decide(self, policy: Policy, now: float, *, fail: bool = False) -> Decision:
+        """One decision; its releases are applied unless `fail` (the API server refused every write: the
+        pods stay gated, as after a 409/422 or a failed config-map creation)."""
         d = decide(self.snapshot(), policy, now, self.memory)
         self.memory = {**self.memory, **d.memory}
-        for action in d.actions:
+        for action in [] if fail else d.actions:
             if isinstance(action, Release):
                 p = action.pod
                 self.pods[p.app_id][p.exec_id or 0] = msgspec.structs.replace(p, gated=False, gate_index=None)
@@ -83,6 +85,9 @@ class Cluster:
             )
         for p in waiting[run : run + refuse]:
             self.pods[app][p.exec_id or 0] = msgspec.structs.replace(p, unschedulable=True)
+
+    def unanswered(self, app: str) -> list[str]:
+        return [p.name for p in self.pods[app].values() if pacing.unanswered(p)]
 
     def window(self, app: str = "a") -> Window:
         window = self.memory[AppKey("spark", app)].pacing
@@ -186,7 +191,7 @@ def test_once_the_refused_pods_are_bound_slow_start_begins_again_without_a_fixed
     assert cluster.window().reason is Reason.UNSCHEDULABLE and released(d) == []  # the batch delay
     cluster.answer("a", run=10)  # room came: the scheduler placed every pod it had refused
     d = cluster.decide(policy, 100.4)  # within the delay: no fixed round needed first
-    assert cluster.window() == Window(10, Reason.SLOW_START, cluster.window().round, 10)
+    assert cluster.window() == Window(10, Reason.SLOW_START, dict.fromkeys(released(d), 100.4), 10)
     assert len(released(d)) == 10
 
 
@@ -260,18 +265,36 @@ def test_adaptive_releases_never_exceed_any_limit(
             was = sum(p.in_flight for p in before.apps[key].pods)
             assert sum(p.in_flight for p in v.pods) <= max(per_app, was)
             window = cluster.memory[key].pacing
-            assert window is not None and batch <= window.size <= max(batch, min(per_app, 50))
+            assert window is not None
+            if window.growing:
+                assert min(batch, per_app) <= window.size <= pacing.ceiling(policy.allocation)
+            else:
+                assert window.size == batch
+            # The scheduler never has more of the app's pods unanswered than its window (or than it had).
+            unanswered = sum(map(pacing.unanswered, v.pods))
+            assert unanswered <= max(window.size, sum(map(pacing.unanswered, before.apps[key].pods)))
+            assert window.reason is Reason.UNSCHEDULABLE or not any(map(pacing.refused, v.pods))
         cluster.answer(app, run=run, refuse=refuse)
         now += dt
+    # Once the scheduler places everything, every pod is released in the end: no app is stuck.
+    for _ in range(400):
+        if not any(p.gated for pods in cluster.pods.values() for p in pods.values()):
+            break
+        for name in "abc":
+            cluster.answer(name, run=1000)
+        cluster.decide(policy, now)
+        now += 10.0
+    assert not any(p.gated for pods in cluster.pods.values() for p in pods.values())
 
 
 def test_observe_is_pure_and_keeps_in_the_round_only_the_pods_not_bound() -> None:
     allocation = adaptive(batch=2).allocation
-    pods = [pod("a", 1, gated=False, node="n"), pod("a", 2, gated=False), pod("a", 3, gated=False)]
+    pods = [pod("a", 1, gated=False, node="n"), pod("a", 2, gated=False), pod("a", 3)]
     start = pacing.released(pacing.observe(None, allocation, [], 0.0), ["a-exec-1", "a-exec-2"], 0.0)
     assert start == Window(2, Reason.SLOW_START, {"a-exec-1": 0.0, "a-exec-2": 0.0}, 2)
     growing = pacing.observe(start, allocation, pods, 1.0)
     assert growing == Window(3, Reason.SLOW_START, {"a-exec-2": 0.0}, 1)  # a-exec-1 bound: grown by it
+    pods[2] = pod("a", 3, gated=False)
     refused: list[PodRecord] = [pods[0], msgspec.structs.replace(pods[1], unschedulable=True), pods[2]]
     fallen = pacing.observe(pacing.released(growing, ["a-exec-3"], 1.0), allocation, refused, 1.5)
     assert fallen == Window(2, Reason.UNSCHEDULABLE, {"a-exec-3": 1.0}, 1)  # only the pods still waiting
@@ -323,3 +346,108 @@ def test_apps_status_and_metrics_show_each_apps_window_and_why() -> None:
     shown[0] = Snapshot({A: shown[0].apps[A]}, frozenset())  # b is over: its series go with it
     assert sample("sparkgate_allocator_pacing_window", app="b") is None
     assert sample("sparkgate_allocator_pacing_state", app="b", reason="unschedulable") is None
+
+
+def test_pods_released_before_a_restart_count_against_the_window_and_fall_it_back_if_never_answered() -> None:
+    """A new leader (or a restart, or a switch from fixed) has no window: the pods sparkgate released that
+    still wait for the scheduler join its round as first seen, so they count against it and make the app
+    fall back if they are never answered, as the old leader's window would have."""
+    cluster, policy = Cluster(("a", 200)), adaptive(batch=10, slow_bind=2)
+    for i in range(1, 101):
+        cluster.pods["a"][i] = pod("a", i, gated=False)  # released by the previous leader, not answered
+    cluster.memory = {A: rebuilt_memory(cluster.snapshot().apps[A])}
+    d = cluster.decide(policy, 1000.0)
+    assert released(d) == [] and (cluster.window().size, cluster.window().waiting) == (10, 100)
+    assert d.due == {A: 1002.0}
+    d = cluster.decide(policy, 1002.0)
+    assert cluster.window().reason is Reason.SLOW_BIND and released(d) == []
+    assert d.settings[A].waiting_for == "app spark/a: previous batch not yet bound (100 pods)"
+    cluster.answer("a", run=100)  # answered at last: slow start again, from batchSize
+    assert len(released(cluster.decide(policy, 1003.0))) == 10
+
+
+def test_switching_from_fixed_to_adaptive_counts_the_fixed_batch_not_yet_bound() -> None:
+    cluster = Cluster(("a", 100))
+    cluster.decide(adaptive(batch=10, pacing_="fixed"), 100.0)
+    d = cluster.decide(adaptive(batch=10), 100.5)  # the fixed batch unanswered: the window is full
+    assert released(d) == [] and cluster.window().waiting == 10
+
+
+def test_switching_from_adaptive_to_fixed_waits_for_every_pod_the_window_left_unbound() -> None:
+    cluster, policy = Cluster(("a", 400)), adaptive(batch=10, slow_bind=50)
+    cluster.decide(policy, 100.0)
+    cluster.answer("a", run=10)
+    cluster.decide(policy, 100.1)
+    cluster.answer("a", run=20)
+    cluster.decide(policy, 100.2)  # 40 released
+    cluster.answer("a", run=38)
+    cluster.decide(policy, 100.3)  # 76 more: two of the earlier round still unbound
+    left = cluster.unanswered("a")[:2]
+    cluster.answer("a", run=78)
+    for name in left:  # ... which the scheduler has not bound
+        i = int(name.rsplit("-", 1)[1])
+        cluster.pods["a"][i] = msgspec.structs.replace(cluster.pods["a"][i], node=None, phase="Pending")
+    d = cluster.decide(adaptive(batch=10, slow_bind=50, pacing_="fixed"), 105.0)
+    assert (
+        released(d) == []
+        and d.settings[A].waiting_for == "app spark/a: previous batch not yet bound (2 pods)"
+    )
+
+
+def test_after_a_fall_back_every_unanswered_pod_of_the_rounds_holds_the_app() -> None:
+    # A slow pod of the first round: the later rounds bind, it does not; when it has waited slowBindSeconds,
+    # it holds the app as the fixed rule's previous batch, though it was not in the last release.
+    cluster, policy = Cluster(("a", 400)), adaptive(batch=10, slow_bind=2)
+    cluster.decide(policy, 100.0)
+    stuck = cluster.unanswered("a")[0]
+    for now in (100.5, 101.0, 101.5):
+        cluster.answer("a", run=1000)
+        cluster.pods["a"][1] = pod("a", 1, gated=False)  # never bound
+        cluster.decide(policy, now)
+    cluster.answer("a", run=1000)
+    cluster.pods["a"][1] = pod("a", 1, gated=False)
+    for now in (102.0, 103.1, 104.2):
+        d = cluster.decide(policy, now)
+        assert cluster.window().reason is Reason.SLOW_BIND and released(d) == [], now
+        assert cluster.unanswered("a") == [stuck]
+    # A refusal while 21 pods wait: the fall back tops up nothing, and a batch delay later nothing either.
+    cluster, policy = Cluster(("a", 100)), adaptive(batch=10, slow_bind=5)
+    cluster.decide(policy, 100.0)
+    cluster.answer("a", run=10)
+    cluster.decide(policy, 100.1)  # window 20
+    cluster.answer("a", run=1)
+    assert len(released(cluster.decide(policy, 100.2))) == 2  # window 21, 19 waiting
+    cluster.answer("a", refuse=1)
+    assert released(cluster.decide(policy, 100.3)) == [] and cluster.window().reason is Reason.UNSCHEDULABLE
+    d = cluster.decide(policy, 101.3)
+    assert (
+        released(d) == []
+        and d.settings[A].waiting_for == "app spark/a: previous batch not yet bound (20 pods)"
+    )
+
+
+def test_a_release_that_failed_and_was_retried_waits_from_its_retry() -> None:
+    cluster, policy = Cluster(("a", 100)), adaptive(batch=10, slow_bind=5)
+    cluster.decide(policy, 100.0)
+    cluster.answer("a", run=10)
+    assert len(released(cluster.decide(policy, 100.1, fail=True))) == 20  # every write refused
+    retried = cluster.decide(policy, 110.0)  # after the app's backoff
+    assert len(released(retried)) == 20 and set(cluster.window().round.values()) == {110.0}
+    d = cluster.decide(policy, 110.05)
+    assert cluster.window().reason is Reason.SLOW_START and cluster.window().waiting == 20
+    assert d.due == {A: 115.0}
+
+
+def test_the_app_woken_when_a_pod_will_have_waited_the_bound_falls_back_then() -> None:
+    """One definition of "waited slowBindSeconds" (pacing.slow_bind_at) for the fall back and the wake-up,
+    so an app decided exactly at its due time falls back (0.1 s is not exact in binary)."""
+    cluster, policy = Cluster(("a", 5)), adaptive(batch=10, slow_bind=0.1)
+    due = cluster.decide(policy, 1709385959.0).due[A]
+    d = cluster.decide(policy, due)
+    assert cluster.window().reason is Reason.SLOW_BIND and d.due == {}
+
+
+def test_the_window_never_shows_more_than_the_app_may_have_in_flight() -> None:
+    allocation = replace(adaptive(batch=10, per_app=30).allocation, batch_size=40)  # an annotation's batch
+    window = pacing.observe(None, allocation, [], 0.0)
+    assert (window.size, window.reason) == (30, Reason.CEILING)
