@@ -25,6 +25,7 @@ import copy
 import functools
 import json
 import logging
+import os
 import random
 import threading
 import time
@@ -84,6 +85,19 @@ _RETRIABLE = {429, 500, 502, 503, 504}
 # (`update_params_for_auth`, which runs the kubeconfig loader's refresh hook): ~40 % of the allocator's CPU
 # per PATCH, measured with py-spy during a burst of gate removals.
 AUTH_REFRESH_SECONDS = 60.0
+
+
+def kubeconfig_path(explicit: str | None) -> str | None:
+    """The kubeconfig an admin's command uses, as kubectl resolves it: `explicit` (--kubeconfig), else
+    $KUBECONFIG, else ~/.kube/config if it exists; None (the in-cluster service account) when none is. For the
+    commands run from a workstation (`policy check --cluster`, `release`); the in-cluster processes take
+    --kubeconfig or $KUBECONFIG only, never a home directory's file."""
+    if explicit:
+        return explicit
+    if os.environ.get("KUBECONFIG"):
+        return os.environ["KUBECONFIG"]
+    default = os.path.expanduser("~/.kube/config")
+    return default if os.path.exists(default) else None
 
 
 def api_client(kubeconfig: str | None, *, pool_size: int = 16) -> k8s.ApiClient:

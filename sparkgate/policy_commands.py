@@ -11,7 +11,6 @@ Exit 0 when every probe is admitted, 1 when one is refused or could not be asked
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
@@ -34,8 +33,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     check.add_argument(
         "--kubeconfig",
-        default=os.environ.get("KUBECONFIG"),
-        help="kubeconfig file for --cluster (default: $KUBECONFIG, else the in-cluster service account)",
+        help="kubeconfig file for --cluster (default: $KUBECONFIG, else ~/.kube/config, else the in-cluster "
+        "service account)",
     )
     check.add_argument(
         "--namespace",
@@ -100,11 +99,11 @@ def _check(args: argparse.Namespace) -> int:
 def _check_cluster(args: argparse.Namespace, policy: Policy) -> int:
     from kubernetes.config import ConfigException
 
-    from sparkgate.kube import Kube, KubeError
+    from sparkgate.kube import Kube, KubeError, kubeconfig_path
     from sparkgate.probe import Verdict, live, probe, targets
 
     try:
-        kube = Kube.from_kubeconfig(args.kubeconfig)
+        kube = Kube.from_kubeconfig(kubeconfig_path(args.kubeconfig))
     except (ConfigException, OSError) as exc:
         print(f"cannot reach the cluster: {exc}", file=sys.stderr)
         return 1

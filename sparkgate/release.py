@@ -16,12 +16,12 @@ a refusal is printed with the API server's message and makes the command exit 1,
 from __future__ import annotations
 
 import argparse
-import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from sparkgate import contract
-from sparkgate.kube import Invalid, Kube, KubeError, NotFound
+from sparkgate.kube import Invalid, Kube, KubeError, NotFound, kubeconfig_path
 
 Obj = dict[str, Any]
 ATTEMPTS = 3  # re-reads of a pod whose gates changed between our read and our patch
@@ -55,16 +55,6 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     p.set_defaults(run=run_release)
 
 
-def kubeconfig_path(explicit: str | None) -> str | None:
-    """The kubeconfig kubectl would use, or None for the in-cluster service account."""
-    if explicit:
-        return explicit
-    if os.environ.get("KUBECONFIG"):
-        return os.environ["KUBECONFIG"]
-    default = os.path.expanduser("~/.kube/config")
-    return default if os.path.exists(default) else None
-
-
 def run_release(args: argparse.Namespace) -> int:
     if args.pod and not args.namespace:
         print("sparkgate release: --pod needs -n/--namespace", file=sys.stderr)
@@ -85,9 +75,10 @@ def release(
     """Release the gated executor pods chosen (namespace None: every namespace); 0, or 1 if any was refused."""
     verb = "would release" if dry_run else "released"
     done = refused = 0
-    for pod in _candidates(kube, namespace, app, pods):
-        meta = pod["metadata"]
-        where = f"{meta['namespace']}/{meta['name']}"
+    for where, pod in _candidates(kube, namespace, app, pods):
+        if pod is None:
+            print(f"{where}: gone, nothing to release")
+            continue
         try:
             skipped = _release_one(kube, pod, dry_run)
         except KubeError as e:
@@ -98,7 +89,8 @@ def release(
             print(f"{where}: {skipped}, nothing to release")
             continue
         done += 1
-        print(f"{verb} {where} (app {(meta.get('labels') or {}).get(contract.LABEL_APP_ID, '-')})")
+        labels = pod["metadata"].get("labels") or {}
+        print(f"{verb} {where} (app {labels.get(contract.LABEL_APP_ID, '-')})")
     summary = f"{verb} {done} executor pod(s)"
     if dry_run:
         summary += " (dry run: the API server admitted each patch and stored nothing)"
@@ -108,17 +100,26 @@ def release(
     return 1 if refused else 0
 
 
-def _candidates(kube: Kube, namespace: str | None, app: str | None, names: tuple[str, ...]) -> list[Obj]:
-    """The executor pods chosen that carry the gate (each named pod, gated or not, so that it is reported)."""
+def _candidates(
+    kube: Kube, namespace: str | None, app: str | None, names: tuple[str, ...]
+) -> Iterator[tuple[str, Obj | None]]:
+    """("namespace/name", pod) for each executor pod chosen that carries the gate; each named pod, gated or
+    not, so that it is reported, read just before its turn and None when it is gone."""
     if names:
-        return [kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}") for name in names]
+        for name in names:
+            try:
+                yield f"{namespace}/{name}", kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+            except NotFound:
+                yield f"{namespace}/{name}", None
+        return
     path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
     selector = f"{contract.LABEL_ROLE}={contract.ROLE_EXECUTOR}"
     if app:
         selector += f",{contract.LABEL_APP_ID}={app}"
     items, _ = kube.list(path, label_selector=selector)
     gated = [p for p in items if contract.gate_index(p) is not None]
-    return sorted(gated, key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"]))
+    for pod in sorted(gated, key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"])):
+        yield f"{pod['metadata']['namespace']}/{pod['metadata']['name']}", pod
 
 
 def _release_one(kube: Kube, pod: Obj, dry_run: bool) -> str:

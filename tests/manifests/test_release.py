@@ -154,3 +154,26 @@ def test_one_pod_by_name_and_a_second_release_finds_nothing_to_do(
 def test_a_pod_needs_its_namespace(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["release", "-A", "--pod", "x"]) == 2
     assert capsys.readouterr().err == "sparkgate release: --pod needs -n/--namespace\n"
+
+
+def test_a_named_pod_that_is_gone_is_skipped_and_the_others_are_released(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    admin = cluster.add_user("ops@example.com", groups=(contract.BREAK_GLASS_GROUP,))
+    argv = ["release", "--kubeconfig", str(admin), "-n", "spark-a"]
+    pods = ["--pod", "app-1-exec-1", "--pod", "app-1-exec-9", "--pod", "app-2-exec-1"]
+    assert main([*argv, *pods]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == [
+        "released spark-a/app-1-exec-1 (app app-1)",
+        "spark-a/app-1-exec-9: gone, nothing to release",
+        "released spark-a/app-2-exec-1 (app app-2)",
+        "released 2 executor pod(s)",
+    ]
+    assert captured.err == ""
+    assert gates(cluster) == {
+        "spark-a/app-1-exec-1": OTHER_ONLY,
+        "spark-a/app-1-exec-2": GATED,
+        "spark-a/app-2-exec-1": OTHER_ONLY,
+        "spark-b/app-3-exec-1": GATED,
+    }
