@@ -4,7 +4,7 @@ The allocator is the one that releases pods, within the limits; this command is 
 down, or an app must be unblocked now) and for the uninstall. It runs with the admin's own credentials (a
 kubeconfig, else the in-cluster service account), which the gate protection admits only for members of
 the group `sparkgate:break-glass` (contract.BREAK_GLASS_GROUP): the install binds nobody to it, so an
-admin is never let through by accident (docs/operations.md, "Releasing pods by hand").
+admin is never let through by accident (docs/operations.md, "Releasing executor pods by hand").
 
 Each pod is released with the allocator's own patch (contract.gate_removal: a `test` of the gate's entry,
 then its removal), so a concurrent change of the pod's gates is detected and the pod re-read, never

@@ -16,7 +16,7 @@ and every live app runs all its executors. Checked:
 - under a persistent 403 on gate removals (one app) and on deletes (an ended app), the allocator's writes
   are bounded by its backoff: their count is at most the number of attempts the backoff schedule allows
   in the span between the first and the last of them (kubesim's own timestamps);
-- `sparkgate status --json`, `/apps` and the metrics agree on every count.
+- `sparkgate status -o json`, `/apps` and the metrics agree on every count.
 """
 
 from __future__ import annotations

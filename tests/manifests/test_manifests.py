@@ -205,7 +205,7 @@ def webhooks(objects: dict[tuple[str, str], Obj]) -> list[tuple[str, Obj]]:
 
 @pytest.fixture(scope="module")
 def old_clusters(kustomize: ModuleType) -> dict[tuple[str, str], Obj]:
-    """The install for clusters older than 1.30 (components/validating-webhook)."""
+    """The install for clusters that do not serve ValidatingAdmissionPolicy (components/validating-webhook)."""
     objects: dict[tuple[str, str], Obj] = kustomize.by_kind(kustomize.install(["validating-webhook"]))
     return objects
 

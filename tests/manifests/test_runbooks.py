@@ -5,11 +5,15 @@ evaluated with the requesting user's groups).
 Every `sparkgate release` command the two documents show, in a code block or inline, is taken from the text,
 its placeholders (`<namespace>`, `<app id>`, ...) filled in, and run through the CLI as a member of the
 break-glass group: it must release exactly the pods it names (none on a dry run), and the same command by a
-cluster admin outside the group must be refused. The uninstall is run line by line from its code block: the
-`sparkgate` lines through the CLI, the `kubectl delete` lines as the API calls kubectl makes for them (kubesim
-serves plain HTTP, where kubectl sends no bearer token, so kubectl itself cannot run here); kubesim does not
-serve apps/v1, policy/v1 or rbac, so of `kubectl delete -k manifests/` the objects of the kinds it serves are
-deleted and checked.
+cluster admin outside the group must be refused. The uninstall of each admission mode is run line by line
+from its code block: the `sparkgate` lines through the CLI, the `kubectl delete` lines as the API calls kubectl
+makes for them (kubesim serves plain HTTP, where kubectl sends no bearer token, so kubectl itself cannot run
+here); kubesim does not serve apps/v1, policy/v1 or rbac, so of `kubectl delete -k` the objects of the kinds
+it serves are deleted and checked. Without the webhook (components/admission-policy) the allocator runs as
+a process in that mode and applies the MutatingAdmissionPolicy and binding itself, which kubesim serves and
+applies at admission; the Deployment's deletion, an apps/v1 kind, is run as what it does: the allocator
+process stops. Each uninstall must leave no executor pod gated, no admission object of sparkgate's, and a
+cluster where a new executor pod is not gated.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import re
 import shlex
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -26,6 +30,7 @@ import pytest
 
 from kubesim.cluster import Cluster
 from kubesim.resources import RESOURCES
+from sandbox.localsystem import AllocatorProcess
 from sparkgate import contract
 from sparkgate.cli import main
 from sparkgate.kube import Kube, NotFound
@@ -51,6 +56,23 @@ UNINSTALL = [
     "kubectl delete -k manifests/ --ignore-not-found",
     "kubectl delete configmap -A -l app.kubernetes.io/managed-by=sparkgate",
 ]
+# The install without the webhook (components/admission-policy), from the admin's own kustomization.
+UNINSTALL_WITHOUT_WEBHOOK = [
+    "kubectl -n sparkgate-system delete deployment sparkgate --cascade=foreground",
+    "kubectl delete mutatingadmissionpolicybinding sparkgate",
+    "kubectl delete mutatingadmissionpolicy sparkgate",
+    "sparkgate release -A",
+    "kubectl delete -k my-sparkgate/ --ignore-not-found",
+    "kubectl delete configmap -A -l app.kubernetes.io/managed-by=sparkgate",
+]
+ADMISSION_OBJECTS = (
+    "mutatingwebhookconfigurations",
+    "validatingwebhookconfigurations",
+    "mutatingadmissionpolicies",
+    "mutatingadmissionpolicybindings",
+    "validatingadmissionpolicies",
+    "validatingadmissionpolicybindings",
+)
 
 
 def section(path: Path, heading: str) -> str:
@@ -130,22 +152,40 @@ def chosen(argv: list[str]) -> set[tuple[str, str]]:
 @pytest.fixture
 def cluster(kustomize: ModuleType, tmp_path: Path) -> Iterator[Cluster]:
     """kubesim with the base install's objects of the kinds it serves, and gated executor pods."""
+    with installed_on_kubesim(installed(kustomize), tmp_path) as cluster:
+        yield cluster
+
+
+@contextlib.contextmanager
+def installed_on_kubesim(objects: list[Obj], tmp_path: Path) -> Iterator[Cluster]:
+    """kubesim with these objects, gated executor pods and a config map the allocator copied for an app."""
     with Cluster(
         nodes=1, namespaces=("default", "kube-system", "spark-a", "spark-b"), workdir=tmp_path
     ) as cluster:
-        for obj in installed(kustomize):
+        for obj in objects:
             resource = resource_of(obj)
             namespace = obj["metadata"].get("namespace") if RESOURCES[resource].namespaced else None
             cluster.store.create(resource, obj, namespace=namespace)
         for namespace, app, exec_id in EXECUTORS:
             cluster.store.create("pods", executor(namespace, app, exec_id), namespace=namespace)
+        copy = {
+            "metadata": {
+                "name": "sg-app-1-log4j-0123456789",
+                "namespace": "spark-a",
+                "labels": {contract.LABEL_MANAGED_BY: contract.MANAGED_BY},
+            },
+            "data": {"k": "v"},
+        }
+        cluster.store.create("configmaps", copy, namespace="spark-a")
         yield cluster
 
 
-def installed(kustomize: ModuleType) -> list[Obj]:
-    """The rendered base install, the kinds kubesim serves, in an order the API server accepts."""
+def installed(kustomize: ModuleType, components: tuple[str, ...] = ()) -> list[Obj]:
+    """The rendered install (the base, or the base with these components as an admin's kustomization lists
+    them), the kinds kubesim serves, in an order the API server accepts."""
     kinds = {r.kind: r for r in RESOURCES.values()}
-    objects = [o for o in kustomize.build(REPO / "manifests") if o["kind"] in kinds]
+    rendered = kustomize.install(components) if components else kustomize.build(REPO / "manifests")
+    objects = [o for o in rendered if o["kind"] in kinds]
     return sorted(objects, key=lambda o: (o["kind"] != "Namespace", o["kind"].endswith("Binding")))
 
 
@@ -188,44 +228,98 @@ def test_each_release_command_of_the_docs_releases_what_it_names_and_only_for_th
 def test_the_uninstall_runs_as_documented(
     cluster: Cluster, kustomize: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert shell_commands(section(DOCS[0], "Uninstall")) == UNINSTALL
-    copy = {
-        "metadata": {
-            "name": "sg-app-1-log4j-0123456789",
-            "namespace": "spark-a",
-            "labels": {contract.LABEL_MANAGED_BY: contract.MANAGED_BY},
-        },
-        "data": {"k": "v"},
-    }
-    cluster.store.create("configmaps", copy, namespace="spark-a")
+    assert shell_commands(section(DOCS[0], "With the webhook (the default)")) == UNINSTALL
+    objects = installed(kustomize)
     admin = cluster.add_user("ops@example.com", groups=(contract.BREAK_GLASS_GROUP,))
     monkeypatch.setenv("KUBECONFIG", str(admin))
     kube = Kube.from_kubeconfig(str(admin))
-    kubectl = kubectl_lines(kube, kustomize)
     try:
         for line in UNINSTALL:
             words = shlex.split(line)
             if words[0] == "sparkgate":
                 assert main(words[1:]) == 0, line
             else:
-                kubectl[line]()
+                kubectl(kube, line, objects)
+        assert_uninstalled(cluster, kube)
     finally:
         kube.close()
+
+
+def test_the_uninstall_without_the_webhook_runs_as_documented(
+    kustomize: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """components/admission-policy: the allocator applies the MutatingAdmissionPolicy at run time, so it is
+    stopped first and its objects deleted before the release; a pod created in between is gated by them."""
+    assert (
+        shell_commands(section(DOCS[0], "Without the webhook (`components/admission-policy`)"))
+        == UNINSTALL_WITHOUT_WEBHOOK
+    )
+    objects = installed(kustomize, (kustomize.ADMISSION_POLICY,))
+    policy = REPO / "manifests" / "base" / "policy.yaml"
+    with installed_on_kubesim(objects, tmp_path) as cluster:
+        allocator = AllocatorProcess(cluster, policy, tmp_path, extra_args=("--admission", "policy"))
+        admin = cluster.add_user("ops@example.com", groups=(contract.BREAK_GLASS_GROUP,))
+        monkeypatch.setenv("KUBECONFIG", str(admin))
+        kube = Kube.from_kubeconfig(str(admin))
+        try:
+            cluster.wait_for(
+                lambda: bool(cluster.store.list_objects("mutatingadmissionpolicybindings")[0]),
+                timeout=60,
+                what="the allocator to apply the MutatingAdmissionPolicy and its binding",
+            )
+            assert created_gated(kube, "app-8")  # the policy gates executor pods
+            with pytest.raises(NotFound):  # the webhook mode's first line fails here
+                kube.delete(f"{ADMISSIONREGISTRATION}/mutatingwebhookconfigurations/sparkgate")
+            for line in UNINSTALL_WITHOUT_WEBHOOK:
+                words = shlex.split(line)
+                if words[0] == "sparkgate":
+                    assert main(words[1:]) == 0, line
+                elif "deployment" in words:
+                    # apps/v1 is not served: the Deployment's deletion, with its pods, stops the allocator.
+                    assert (
+                        "--cascade=foreground" in words
+                        and words[words.index("deployment") + 1] == "sparkgate"
+                    )
+                    allocator.stop()
+                    # Nothing releases any more, but the policy still gates: what the next lines undo.
+                    assert created_gated(kube, "app-9")
+                else:
+                    kubectl(kube, line, objects)
+            assert_uninstalled(cluster, kube)
+        finally:
+            allocator.stop()
+            kube.close()
+
+
+ADMISSIONREGISTRATION = "/apis/admissionregistration.k8s.io/v1"
+
+
+def created_gated(kube: Kube, app: str) -> bool:
+    """Whether an executor pod of `app` created now in spark-a, as Spark creates it, is gated."""
+    pod = executor("spark-a", app, 1)
+    del pod["spec"]["schedulingGates"]
+    created = kube.create("/api/v1/namespaces/spark-a/pods", pod)
+    return contract.gate_index(created) is not None
+
+
+def assert_uninstalled(cluster: Cluster, kube: Kube) -> None:
+    """No executor pod gated, nothing of sparkgate's left, and a new executor pod is not gated."""
     store = cluster.store
     assert gated(cluster) == set()
-    for resource in (
-        "mutatingwebhookconfigurations",
-        "validatingadmissionpolicies",
-        "validatingadmissionpolicybindings",
-    ):
+    for resource in ADMISSION_OBJECTS:
         assert store.list_objects(resource)[0] == [], resource
     assert store.list_objects("configmaps", "sparkgate-system")[0] == []
     assert store.list_objects("serviceaccounts", "sparkgate-system")[0] == []
     assert [c["metadata"]["name"] for c in store.list_objects("configmaps", "spark-a")[0]] == []
+    assert not created_gated(kube, "app-after")
+    assert gated(cluster) == set()
 
 
-def kubectl_lines(kube: Kube, kustomize: ModuleType) -> dict[str, Callable[[], None]]:
-    """The uninstall's kubectl lines, each as the API calls kubectl makes for it."""
+def kubectl(kube: Kube, line: str, objects: list[Obj]) -> None:
+    """One `kubectl delete` line of an uninstall, as the API calls kubectl makes for it; `objects`: what the
+    directory of `kubectl delete -k` renders (the kinds kubesim serves)."""
+    words = shlex.split(line)
+    assert words[:2] == ["kubectl", "delete"], line
 
     def path(obj: Obj) -> str:
         r = RESOURCES[resource_of(obj)]
@@ -234,20 +328,17 @@ def kubectl_lines(kube: Kube, kustomize: ModuleType) -> dict[str, Callable[[], N
         where = f"/namespaces/{namespace}" if r.namespaced and namespace else ""
         return f"{base}{where}/{r.plural}/{obj['metadata']['name']}"
 
-    def delete_k() -> None:  # every object of the rendered directory, namespaced ones first
-        for obj in sorted(installed(kustomize), key=lambda o: o["kind"] == "Namespace"):
-            with contextlib.suppress(NotFound):  # --ignore-not-found: the webhook went first
+    if words[2] == "-k":  # every object of the rendered directory, namespaced ones first
+        assert words[4:] == ["--ignore-not-found"], line
+        for obj in sorted(objects, key=lambda o: o["kind"] == "Namespace"):
+            with contextlib.suppress(NotFound):  # --ignore-not-found: deleted by an earlier line
                 kube.delete(path(obj))
-
-    def delete_copies() -> None:
-        items, _ = kube.list("/api/v1/configmaps", label_selector="app.kubernetes.io/managed-by=sparkgate")
+    elif words[2:4] == ["configmap", "-A"]:  # the per-application copies, by label
+        assert words[4] == "-l", line
+        items, _ = kube.list("/api/v1/configmaps", label_selector=words[5])
         for item in items:
             kube.delete(path({**item, "kind": "ConfigMap"}))
-
-    return {
-        UNINSTALL[0]: lambda: kube.delete(
-            "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/sparkgate"
-        ),
-        UNINSTALL[2]: delete_k,
-        UNINSTALL[3]: delete_copies,
-    }
+    else:  # kubectl delete TYPE NAME, a cluster-scoped kind: TYPE is its kind in lower case
+        [kind] = [r.kind for r in RESOURCES.values() if r.kind.lower() == words[2] and not r.namespaced]
+        assert len(words) == 4, line
+        kube.delete(path({"kind": kind, "metadata": {"name": words[3]}}))
