@@ -17,6 +17,8 @@ verdict as the signal, as TCP uses acknowledgements:
   batch bound), except that a pod the scheduler called unschedulable has had its answer: it no longer holds
   the app's next batch, so the app takes its turn at the namespace and cluster budgets when they free up
   (under `fixed`, one unschedulable pod held its app for good: docs/real-cluster-facts.md);
+- idle: a growing window that released nothing for `slowBindSeconds` and has nothing outstanding starts
+  slow again at the app's next release (its evidence of room is stale), as TCP does after an idle period;
 - recover: once no pod of the app is unschedulable any more and none waits for the scheduler's answer (the
   refused pods bound at last, or a round released under the fixed rule bound in time), slow start begins
   again from `batchSize`. (Waiting for a fixed-rule round first cost a batch delay at each refill of a full
@@ -69,6 +71,7 @@ class Window:
     # release the snapshot does not show yet; after a fall back, only the pods still waiting.
     round: Mapping[str, float] = field(default_factory=dict)
     waiting: int = 0  # pods of the round the scheduler has not answered for yet
+    released_at: float | None = None  # the window's last release (the decision's clock)
 
     @property
     def growing(self) -> bool:
@@ -136,13 +139,25 @@ def observe(window: Window | None, allocation: Allocation, pods: Iterable[PodRec
         return Window(allocation.batch_size, Reason.UNSCHEDULABLE, waiting, len(waiting))
     if any(now >= slow_bind_at(at, allocation) for at in waiting.values()):
         return Window(allocation.batch_size, Reason.SLOW_BIND, waiting, len(waiting))
+    if (
+        window.growing
+        and not kept
+        and window.released_at is not None
+        and now >= slow_bind_at(window.released_at, allocation)
+    ):
+        # Idle: nothing released for slowBindSeconds and nothing outstanding. What the scheduler answered
+        # then says little about the room now (other apps came and went), so the app's next burst starts
+        # slow again, as TCP restarts from its initial window after an idle period (RFC 2861/RFC 7661, where
+        # the bound is the retransmission timeout; here the time within which the scheduler's answer is due).
+        return Window(start, Reason.SLOW_START)
     if window.growing:
         # Grown by each pod bound in time, as TCP's congestion window grows by each acknowledgement: a
         # window's worth bound doubles it, whether or not the app went on releasing meanwhile. (Growing only
         # once a whole round was bound kept an app that always had pods to release, such as a Deployment's,
         # at its first window: its round never emptied.)
         size = max(start, min(window.size + bound, top))
-        return Window(size, Reason.CEILING if size >= top else Reason.SLOW_START, kept, len(waiting))
+        reason = Reason.CEILING if size >= top else Reason.SLOW_START
+        return Window(size, reason, kept, len(waiting), window.released_at)
     if not waiting:
         # recovered: slow start again, as soon as nothing of the app is refused or unanswered (the pods
         # refused leave the round: when they are bound at last, the scheduler has placed all it was given,
@@ -157,7 +172,11 @@ def released(window: Window, names: Collection[str], now: float) -> Window:
     if window.reason is Reason.FIXED or not names:
         return window
     return Window(
-        window.size, window.reason, {**window.round, **dict.fromkeys(names, now)}, window.waiting + len(names)
+        window.size,
+        window.reason,
+        {**window.round, **dict.fromkeys(names, now)},
+        window.waiting + len(names),
+        now,
     )
 
 

@@ -191,7 +191,7 @@ def test_once_the_refused_pods_are_bound_slow_start_begins_again_without_a_fixed
     assert cluster.window().reason is Reason.UNSCHEDULABLE and released(d) == []  # the batch delay
     cluster.answer("a", run=10)  # room came: the scheduler placed every pod it had refused
     d = cluster.decide(policy, 100.4)  # within the delay: no fixed round needed first
-    assert cluster.window() == Window(10, Reason.SLOW_START, dict.fromkeys(released(d), 100.4), 10)
+    assert cluster.window() == Window(10, Reason.SLOW_START, dict.fromkeys(released(d), 100.4), 10, 100.4)
     assert len(released(d)) == 10
 
 
@@ -291,9 +291,9 @@ def test_observe_is_pure_and_keeps_in_the_round_only_the_pods_not_bound() -> Non
     allocation = adaptive(batch=2).allocation
     pods = [pod("a", 1, gated=False, node="n"), pod("a", 2, gated=False), pod("a", 3)]
     start = pacing.released(pacing.observe(None, allocation, [], 0.0), ["a-exec-1", "a-exec-2"], 0.0)
-    assert start == Window(2, Reason.SLOW_START, {"a-exec-1": 0.0, "a-exec-2": 0.0}, 2)
+    assert start == Window(2, Reason.SLOW_START, {"a-exec-1": 0.0, "a-exec-2": 0.0}, 2, 0.0)
     growing = pacing.observe(start, allocation, pods, 1.0)
-    assert growing == Window(3, Reason.SLOW_START, {"a-exec-2": 0.0}, 1)  # a-exec-1 bound: grown by it
+    assert growing == Window(3, Reason.SLOW_START, {"a-exec-2": 0.0}, 1, 0.0)  # a-exec-1 bound: grown by it
     pods[2] = pod("a", 3, gated=False)
     refused: list[PodRecord] = [pods[0], msgspec.structs.replace(pods[1], unschedulable=True), pods[2]]
     fallen = pacing.observe(pacing.released(growing, ["a-exec-3"], 1.0), allocation, refused, 1.5)
@@ -451,3 +451,26 @@ def test_the_window_never_shows_more_than_the_app_may_have_in_flight() -> None:
     allocation = replace(adaptive(batch=10, per_app=30).allocation, batch_size=40)  # an annotation's batch
     window = pacing.observe(None, allocation, [], 0.0)
     assert (window.size, window.reason) == (30, Reason.CEILING)
+
+
+def test_a_window_idle_for_the_bound_starts_slow_again_at_the_apps_next_burst() -> None:
+    """Grown on a cluster with room, then nothing to release for slowBindSeconds: the room it measured may be
+    gone, so the next burst starts from batchSize, as TCP restarts after an idle period. A burst within the
+    bound keeps the window."""
+
+    def burst_after(idle: float) -> tuple[int, Window]:
+        cluster, policy = Cluster(("a", 150)), adaptive(batch=10, ceiling=100, slow_bind=5)
+        now = 100.0
+        while any(p.gated for p in cluster.pods["a"].values()):
+            cluster.decide(policy, now)
+            cluster.answer("a", run=1000)
+            now += 0.1
+        cluster.decide(policy, now)  # the last binds observed: the window at its ceiling, nothing outstanding
+        assert cluster.window().reason is Reason.CEILING and not cluster.window().round
+        for i in range(151, 351):  # Spark asks for more executors
+            cluster.pods["a"][i] = pod("a", i)
+        return len(released(cluster.decide(policy, now + idle))), cluster.window()
+
+    assert burst_after(4.0)[0] == 100
+    count, window = burst_after(6.0)
+    assert count == 10 and (window.size, window.reason) == (10, Reason.SLOW_START)
