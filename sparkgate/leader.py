@@ -61,9 +61,10 @@ class LeaderElector:
         wall: Callable[[], float] = time.time,
         on_error: Callable[[], None] = lambda: None,
     ) -> None:
-        if not lease_duration > renew_deadline > retry_period > 0:
+        # The Lease says whole seconds (leaseDurationSeconds): what the followers wait is the whole part.
+        if not int(lease_duration) > renew_deadline > retry_period > 0:
             raise ValueError(
-                f"lease {name}: need lease duration > renew deadline > retry period > 0, got "
+                f"lease {name}: need lease duration (whole seconds) > renew deadline > retry period > 0, got "
                 f"{lease_duration:g} s, {renew_deadline:g} s, {retry_period:g} s"
             )
         self.kube = kube
@@ -132,6 +133,11 @@ class LeaderElector:
         except KubeError as e:
             log.warning("lease %s not read: %s", self.name, e)
             return self._still_leading()
+        # A record is observed when the read returns, not when it was sent (client-go stamps observedTime
+        # after the Get too): a renew can land while the read is in flight, and dating it from before the
+        # read would let this candidate take the lease up to a read's latency before the holder's renew
+        # deadline has passed, while it may still write.
+        seen = self.monotonic()
         spec = lease.get("spec") or {}
         meta = lease["metadata"]
         observed = (
@@ -140,10 +146,10 @@ class LeaderElector:
             meta.get("resourceVersion", ""),
         )
         if observed != self._observed:
-            self._observed, self._observed_at = observed, now
+            self._observed, self._observed_at = observed, seen
         holder = observed[0]
         duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
-        if holder and holder != self.identity and now - self._observed_at < duration:
+        if holder and holder != self.identity and seen - self._observed_at < duration:
             return self._lost(f"{holder} holds it")
         body = {
             "apiVersion": "coordination.k8s.io/v1",

@@ -158,7 +158,43 @@ def test_durations_the_elector_cannot_keep_are_refused_with_a_clear_error(
     )
     assert code == 2
     assert capsys.readouterr().err == (
-        "sparkgate allocator: lease sparkgate-allocator: need lease duration > renew deadline > retry period"
-        " > 0, got 15 s, 20 s, 2 s\n"
+        "sparkgate allocator: lease sparkgate-allocator: need lease duration (whole seconds) > renew deadline"
+        " > retry period > 0, got 15 s, 20 s, 2 s\n"
     )
     assert cluster.requests.count(resource="leases") == 0
+
+
+def test_a_renew_that_lands_while_a_follower_reads_is_dated_from_the_read_not_before_it(
+    cluster: Cluster, kube: Kube
+) -> None:
+    """client-go stamps observedTime when its Get returns. Stamped before the read, a renew that landed while
+    the read was in flight looked up to a read's latency older, and the follower took the lease while the
+    holder still led (15 s lease, 12 s renew deadline, a 5.5 s read: 2.5 s of two leaders)."""
+    now = [100.0]
+    follower_kube = Kube.from_kubeconfig(str(cluster.kubeconfig()))
+    a = LeaderElector(kube, NS, "l", "a", lease_duration=15, renew_deadline=12, monotonic=lambda: now[0])
+    b = LeaderElector(
+        follower_kube, NS, "l", "b", lease_duration=15, renew_deadline=12, monotonic=lambda: now[0]
+    )
+    read = follower_kube.request
+
+    def slow_read(method: str, path: str, **kwargs: object) -> object:
+        if method == "GET":
+            now[0] += 5.5  # the read takes 5.5 s (under its 6 s timeout) ...
+            assert a.try_acquire_or_renew()  # ... and the holder renews meanwhile
+        return read(method, path, **kwargs)  # type: ignore[arg-type]
+
+    try:
+        assert a.try_acquire_or_renew()
+        follower_kube.request = slow_read  # type: ignore[method-assign]
+        assert not b.try_acquire_or_renew()  # read from 100 to 105.5: a's renew of 105.5 seen
+        follower_kube.request = read  # type: ignore[method-assign]
+        for at in (115.0, 117.4, 117.5, 120.4):
+            now[0] = at
+            assert not b.try_acquire_or_renew(), at
+            assert not (a.leading and b.leading)
+        assert not a.leading
+        now[0] = 120.5  # the renew seen at 105.5, plus the lease duration
+        assert b.try_acquire_or_renew() and b.leading
+    finally:
+        follower_kube.close()
