@@ -171,9 +171,12 @@ class Allocator:
             task.start()
 
     def shutdown(self) -> None:
-        self.controller.shutdown()
+        """Stop everything; the lease is given up last, once no task of this replica can write any more (a
+        task still running when a follower took the lease would write beside the new leader)."""
+        self.stop.set()
         for task in self.tasks:
             task.thread.join(timeout=10)
+        self.controller.shutdown()
 
 
 def _dry_runs(text: str) -> int:
@@ -242,8 +245,11 @@ def assemble(
     )
     # The leader thread turns every retry period and a turn ends within the renew deadline.
     health = Health(options.stall_after, bounds={"leader": options.lease_duration + options.renew_deadline})
+    # Every write only the leader may make goes through this client: it asks the elector before each attempt
+    # (a replica whose leadership lapsed mid-flush or mid-task sends nothing more; Kube.gated).
+    leader_writes = kube.gated(lambda: elector.leading)
     histories = HistoryStore(
-        kube,
+        leader_writes,
         options.install_namespace,
         retention=options.history_retention,
         backoff=Backoff(options.history_flush, options.backoff_cap),
@@ -366,7 +372,7 @@ def assemble(
         from .probe import PolicyProbe
 
         probe = PolicyProbe(
-            kube,
+            leader_writes,
             policy,
             metrics,
             options.install_namespace,
@@ -390,7 +396,7 @@ def assemble(
     if admission_policy:
         from .admission_policy import TASK, AdmissionPolicySync
 
-        sync = AdmissionPolicySync(kube, policy, options.install_namespace)
+        sync = AdmissionPolicySync(leader_writes, policy, options.install_namespace)
         # Polled like the probe, so that a policy change reaches the API server within seconds.
         tasks.append(
             LeaderTask(TASK, 2.0, sync.run_if_due, elector=elector, own_lease=False, stop=stop, on_run=on_run)

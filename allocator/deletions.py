@@ -21,7 +21,7 @@ from typing import Any
 
 from sparkgate import contract
 from sparkgate.contract import AppKey
-from sparkgate.kube import Kube, KubeError, NotFound
+from sparkgate.kube import Kube, KubeError, NotFound, NotLeading
 
 from .model import DeletionReason, DeletionRecord, PodRecord
 from .workqueue import Backoff
@@ -341,6 +341,8 @@ class HistoryStore:
                     self.kube.replace(f"{self.path}/{history_name(key)}", body)
                 except NotFound:
                     self.kube.create(self.path, body)
+            except NotLeading:
+                return  # this replica no longer leads: the new leader saves what it holds (load, record)
             except KubeError as e:
                 self.on_write_failure()
                 with self._lock:
@@ -357,6 +359,8 @@ class HistoryStore:
                 self.kube.delete(f"{self.path}/{history_name(key)}")
             except NotFound:
                 pass
+            except NotLeading:
+                return
             except KubeError:
                 continue
             with self._lock:

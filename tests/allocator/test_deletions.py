@@ -173,3 +173,42 @@ def test_the_uids_recorded_are_bounded_and_the_oldest_forgotten(monkeypatch: pyt
         assert store.record(key, f"uid-{i}", record)
     assert not store.record(key, "uid-4", record)  # seen: counted once
     assert store.record(key, "uid-0", record)  # forgotten past the bound: the oldest half went
+
+
+def test_a_replica_whose_leadership_lapses_mid_flush_writes_nothing_more_and_counts_no_failure() -> None:
+    """The histories are written through the leader's gated client (allocator/commands.py `assemble`): their
+    PUTs carry no resourceVersion, so a stale leader's flush would overwrite what the new leader saved. Once
+    `leading()` is false the flush stops, the rest stays unsaved in memory, and no failed write is counted."""
+    with Cluster(nodes=1) as cluster:
+        kube = Kube.from_kubeconfig(str(cluster.kubeconfig("admin")))
+        leading, failures = [True], []
+        store = HistoryStore(
+            kube.gated(lambda: leading[0]),
+            contract.INSTALL_NAMESPACE,
+            retention=3600,
+            backoff=Backoff(1, 10),
+            on_write_failure=lambda: failures.append(1),
+        )
+        record = DeletionRecord(1, "p", None, 1.0, DeletionReason.SUCCEEDED)
+        for app in ("a", "b", "c"):
+            store.record(AppKey("spark", app), f"uid-{app}", record)
+        sent = cluster.requests.count(resource="configmaps")
+        real = store.kube.request
+
+        def lapse_after_one(method: str, path: str, **kwargs: Any) -> Any:
+            answer = real(method, path, **kwargs)
+            if method != "GET":
+                leading[0] = False  # the lease lapses once the first write is through
+            return answer
+
+        store.kube.request = lapse_after_one  # type: ignore[method-assign]
+        store.flush()
+        writes = [e for e in cluster.requests.entries() if e.resource == "configmaps"][sent:]
+        assert [(e.verb, e.code) for e in writes] == [("update", 404), ("create", 201)]  # one history saved
+        assert failures == []
+        assert store.unsaved() == 2
+        store.kube.request = real  # type: ignore[method-assign]
+        leading[0] = True  # leading again (or a new leader holding these records): the rest is saved
+        store.flush()
+        assert store.unsaved() == 0 and failures == []
+        kube.close()
