@@ -14,8 +14,10 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
+from . import quantities
 from .errors import invalid
 from .jsondata import clone
 
@@ -54,9 +56,63 @@ def default_pod(pod: Obj) -> None:
     spec.setdefault("terminationGracePeriodSeconds", 30)
     spec.setdefault("restartPolicy", "Always")
     spec.setdefault("schedulerName", "default-scheduler")
-    status = pod.setdefault("status", {})
-    status["phase"] = "Pending"
-    status.setdefault("qosClass", "BestEffort")
+    pod.setdefault("status", {})  # the server sets it after admission (prepare_for_create): a webhook sees {}
+
+
+SCHEDULING_GATED = "Scheduling is blocked due to non-empty scheduling gates"
+
+
+def prepare_for_create(pod: Obj, now: str) -> None:
+    """pkg/registry/core/pod/strategy.go `PrepareForCreate`, after the mutating admission: the status is the
+    server's own (phase Pending and the QoS class, whatever the client or a webhook sent), and a pod created
+    with scheduling gates is PodScheduled=False, reason SchedulingGated (`applySchedulingGatedCondition`,
+    through podutil.UpdatePodCondition, which stamps lastTransitionTime)."""
+    status: Obj = {"phase": "Pending", "qosClass": qos_class(pod)}
+    if (pod.get("spec") or {}).get("schedulingGates"):
+        status["conditions"] = [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "lastProbeTime": None,
+                "lastTransitionTime": now,
+                "reason": "SchedulingGated",
+                "message": SCHEDULING_GATED,
+            }
+        ]
+    pod["status"] = status
+
+
+def qos_class(pod: Obj) -> str:
+    """pkg/apis/core/helper/qos `ComputePodQOS`: BestEffort without a positive cpu or memory request or limit
+    in any container (init containers too); Guaranteed when every container limits both cpu and memory and
+    the summed requests equal the summed limits, resource by resource; Burstable otherwise."""
+    spec = pod.get("spec") or {}
+    requests: dict[str, Decimal] = {}
+    limits: dict[str, Decimal] = {}
+    guaranteed = True
+    for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        resources = container.get("resources") or {}
+        for kind, into in (("requests", requests), ("limits", limits)):
+            for name, value in (resources.get(kind) or {}).items():
+                if name in ("cpu", "memory") and (amount := _amount(value)) > 0:
+                    into[name] = into.get(name, Decimal(0)) + amount
+        limited = {n for n, v in (resources.get("limits") or {}).items() if _amount(v) > 0}
+        if not {"cpu", "memory"} <= limited:
+            guaranteed = False
+    if not requests and not limits:
+        return "BestEffort"
+    if guaranteed and requests == limits:
+        return "Guaranteed"
+    return "Burstable"
+
+
+def _amount(value: Any) -> Decimal:
+    # kube-apiserver refuses a malformed quantity when it decodes the request (400); kubesim does not model
+    # that refusal, and counts it as none here.
+    try:
+        return quantities.parse(value)
+    except ValueError:
+        return Decimal(0)
 
 
 def _mutable_masked(spec: Obj, gated: bool) -> Obj:

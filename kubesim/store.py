@@ -459,6 +459,8 @@ class Store:
             obj["metadata"]["name"] = name
             if r.namespaced:
                 obj["metadata"]["namespace"] = ns
+            if resource == "pods":
+                podrules.prepare_for_create(obj, now_rfc3339(self.clock))
             check_object(resource, r.kind, obj)
             self._validate(request, obj)
             with self._lock:

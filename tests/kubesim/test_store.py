@@ -334,3 +334,48 @@ def test_a_generated_name_already_taken_is_generated_again_up_to_eight_attempts(
         store.create("configmaps", cm("g-bbbbb"), namespace="spark", user=USER)
     assert suffixes == [] and e.value.message == 'configmaps "g-bbbbb" already exists'
     assert [o["metadata"]["name"] for o in store.list("configmaps", "spark")[0]] == ["g-bbbbb", "g-ccccc"]
+
+
+def test_a_created_pod_gets_the_servers_status_and_a_gated_one_its_scheduling_gated_condition(
+    store: Store,
+) -> None:
+    """pkg/registry/core/pod/strategy.go `PrepareForCreate`, after the mutating admission: the status is the
+    server's (phase Pending, qos.ComputePodQOS's class), whatever the client sent, and a pod created gated is
+    PodScheduled=False reason SchedulingGated (`applySchedulingGatedCondition`); the mutating phase sees the
+    status the client sent (a captured AdmissionReview of a Spark executor has `"status": {}`)."""
+    seen: list[Any] = []
+    store.admit = lambda request: seen.append(dict((request.obj or {}).get("status") or {})) or None  # type: ignore[func-returns-value]
+
+    def created(name: str, resources: dict[str, Any], **spec: Any) -> dict[str, Any]:
+        pod = {
+            "metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": "i", "resources": resources}], **spec},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+        }
+        return store.create("pods", pod, namespace="spark", user=USER)["status"]
+
+    gated = created("g", {}, schedulingGates=[{"name": "sparkgate.io/gate"}])
+    assert gated == {
+        "phase": "Pending",
+        "qosClass": "BestEffort",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "lastProbeTime": None,
+                "lastTransitionTime": gated["conditions"][0]["lastTransitionTime"],
+                "reason": "SchedulingGated",
+                "message": "Scheduling is blocked due to non-empty scheduling gates",
+            }
+        ],
+    }
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", gated["conditions"][0]["lastTransitionTime"])
+    assert seen == [{"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}]
+    assert created("b", {"requests": {"cpu": "1"}}) == {"phase": "Pending", "qosClass": "Burstable"}
+    limits = {"cpu": "500m", "memory": "1Gi"}
+    assert created("q", {"limits": limits})["qosClass"] == "Guaranteed"  # requests defaulted from limits
+    assert created("u", {"limits": limits, "requests": {"cpu": "250m"}})["qosClass"] == "Burstable"
+    assert created("z", {"requests": {"cpu": "0"}})["qosClass"] == "BestEffort"  # zero is no request
+    # Removing the gate changes no status (PrepareForUpdate keeps the old status): the scheduler's to change.
+    ungated = store.patch("pods", "spark", "g", {"spec": {"schedulingGates": None}}, MERGE, user=USER)
+    assert ungated["status"] == gated
