@@ -245,6 +245,14 @@ class HistoryStore:
                 history.finished_at = at
                 self._dirty[app] = next(self._changes)
 
+    def unfinished_again(self, app: AppKey) -> None:
+        """An app said over lives again (a client-mode app: registry.py): its history no longer expires."""
+        with self._lock:
+            history = self._histories.get(app)
+            if history is not None and history.finished_at is not None:
+                history.finished_at = None
+                self._dirty[app] = next(self._changes)
+
     def view(self, app: AppKey) -> History | None:
         """A copy of an app's history (for /apps)."""
         with self._lock:

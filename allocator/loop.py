@@ -379,6 +379,17 @@ class Controller:
         for key in self.registry.observe(observed, now, keys):
             view = observed.apps.get(key)
             self.end(key, now, client=view is None or not view.driver_seen)
+        revived = self.registry.take_revived()
+        if self.elector.leading:
+            for key in revived:
+                self.histories.unfinished_again(key)
+            if keys is None:
+                # A history begun for an app the registry never followed (its pods came and went between two
+                # looks) would never be finished, and never expire: the tick finishes it, as a new leader
+                # finishes those of apps the cluster holds nothing of (_read_histories).
+                for key in self.histories.unfinished():
+                    if key not in observed.apps and not self.registry.tracks(key):
+                        self.histories.finished(key, now)
         if self._ended_version != self.registry.version:
             self.ended, self._ended_version = dict(self.registry.ended), self.registry.version
 

@@ -47,6 +47,9 @@ class AppRegistry:
         self._lives: dict[AppKey, _Life] = {}
         self.ended: dict[AppKey, float] = {}  # app -> when it ended; kept while the cache holds the app
         self.version = 0  # changes with `ended` (so the loop republishes it only then)
+        # Ended client-mode apps that lived again since the loop last took this set (`take_revived`): their
+        # deletion histories must not expire while they run.
+        self._revived: set[AppKey] = set()
 
     def observe(self, snapshot: Snapshot, now: float, apps: Iterable[AppKey] | None = None) -> set[AppKey]:
         """The apps whose life ended at this observation, of `apps` (those that changed: a step's) or, when
@@ -68,6 +71,7 @@ class AppRegistry:
                 if newest > life.newest_pod and key in self.ended and not view.finished:
                     del self.ended[key]  # a client-mode app that went on after all
                     self.version += 1
+                    self._revived.add(key)
                     life.last_alive = now
                 life.view, life.alive = view, view.counts.alive
                 if newest > life.newest_pod:
@@ -81,6 +85,15 @@ class AppRegistry:
                 self.version += 1
                 ended.add(key)
         return ended
+
+    def tracks(self, key: AppKey) -> bool:
+        """Whether the registry follows the app's life (it will say when it is over)."""
+        return key in self._lives
+
+    def take_revived(self) -> set[AppKey]:
+        """The ended apps that lived again since the last call."""
+        revived, self._revived = self._revived, set()
+        return revived
 
     def _gone(self, key: AppKey, now: float, ended: set[AppKey]) -> None:
         """The cluster holds nothing of the app any more: over if it was, or once the grace has passed (a

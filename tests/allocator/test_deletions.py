@@ -212,3 +212,17 @@ def test_a_replica_whose_leadership_lapses_mid_flush_writes_nothing_more_and_cou
         store.flush()
         assert store.unsaved() == 0 and failures == []
         kube.close()
+
+
+def test_a_finished_history_of_an_app_that_lives_again_no_longer_expires() -> None:
+    """A client-mode app said over (its grace passed) whose driver creates pods again: its history is
+    unfinished again, so its deleted executor ids stay refused while it runs (registry.py's revival)."""
+    store = HistoryStore(cast(Kube, None), contract.INSTALL_NAMESPACE, retention=60, backoff=Backoff(1, 10))
+    key = AppKey("spark", "a")
+    store.record(key, "uid-1", DeletionRecord(1, "p", None, 1.0, DeletionReason.SUCCEEDED))
+    store.finished(key, 100.0)
+    assert key not in store.unfinished()
+    store.unfinished_again(key)
+    assert key in store.unfinished() and store.view(key) is not None
+    store.unfinished_again(AppKey("spark", "none"))  # an app with no history: nothing to do
+    assert store.count() == 1

@@ -340,3 +340,24 @@ def test_a_watch_events_decision_waits_for_its_batch_period_and_a_ticks_does_not
         finally:
             c.actor.close()
             kube.close()
+
+
+def test_a_history_begun_for_an_app_the_registry_never_followed_is_finished_by_the_tick(
+    controller: tuple[Controller, HeldActor],
+) -> None:
+    """A pod of an app that came and went between two looks (a short client-mode session) starts a deletion
+    history of an app the registry never followed: nothing would ever finish it, and it would never expire.
+    The tick finishes it, as a new leader finishes those of apps the cluster holds nothing of."""
+    c, _ = controller
+    c.step(take(c))  # the leader's first decision: the histories its predecessor saved are read
+    z = AppKey("spark", "app-z")
+    pod = executor("app-z", 1)
+    c.cache.pod_event("ADDED", pod)
+    c.cache.pod_event("DELETED", pod)
+    c.step(set())  # the step's snapshot records the gone pod; nothing is decided
+    assert (history := c.histories.view(z)) is not None and history.finished_at is None
+    c.step(take(c))  # the apps that changed: app-z has no view, the registry does not follow it
+    assert (history := c.histories.view(z)) is not None and history.finished_at is None
+    c._observe(c.cache.snapshot(), None)  # the tick's look at every app
+    assert (history := c.histories.view(z)) is not None and history.finished_at is not None
+    assert c.histories.view(A) is None  # a live app has no history to finish

@@ -50,6 +50,9 @@ def test_a_new_pod_is_a_sign_of_life_and_revives_a_client_mode_app() -> None:
     assert registry.observe(snap(pod(1), pod(2)), 18) == set()
     assert registry.observe(snap(pod(1), pod(2)), 19) == {KEY}
     assert registry.observe(snap(pod(1), pod(2), pod(3)), 20) == set() and KEY not in registry.ended
+    # The loop learns of the revival once (its deletion history must not expire while it runs).
+    assert registry.take_revived() == {KEY} and registry.take_revived() == set()
+    assert registry.tracks(KEY) and not registry.tracks(AppKey("spark", "never-seen"))
 
 
 def test_copies_alone_end_after_the_grace_and_a_cluster_mode_app_ends_with_its_driver() -> None:
