@@ -335,14 +335,15 @@ class HistoryStore:
     def _flush(self) -> None:
         now, mono = self.clock(), self.monotonic()
         with self._lock:
-            due = sorted(k for k in self._dirty if self._failures.get(k, (0, 0.0))[1] <= mono)
+            # Expired whether saved or not: a history whose writes keep failing (a ConfigMap quota) would
+            # otherwise be held, and retried, for the rest of the process's life.
+            expired = [k for k, h in self._histories.items() if self._expired(h, now)]
+            gone = set(expired)
+            due = sorted(
+                k for k in self._dirty if self._failures.get(k, (0, 0.0))[1] <= mono and k not in gone
+            )
             bodies = {k: self._body(k, self._histories[k]) for k in due if k in self._histories}
             marks = {k: self._dirty[k] for k in bodies}
-            expired = [
-                k
-                for k, h in self._histories.items()
-                if h.finished_at is not None and now - h.finished_at > self.retention and k not in self._dirty
-            ]
         for key, body in bodies.items():
             try:
                 try:
@@ -372,8 +373,17 @@ class HistoryStore:
             except KubeError:
                 continue
             with self._lock:
-                self._histories.pop(key, None)
+                history = self._histories.get(key)
+                if history is None or not self._expired(history, now):
+                    continue  # it lives again (unfinished_again) and is marked to be written: kept
+                # A deletion recorded meanwhile goes with it (its app was over for longer than the retention).
+                del self._histories[key]
+                self._dirty.pop(key, None)
+                self._failures.pop(key, None)
                 self._recorded_count -= len(self._recorded.pop(key, {}))
+
+    def _expired(self, history: History, now: float) -> bool:
+        return history.finished_at is not None and now - history.finished_at > self.retention
 
     @staticmethod
     def _body(key: AppKey, history: History) -> dict[str, Any]:

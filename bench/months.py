@@ -387,6 +387,9 @@ class Gated:
     def get(self, path: str) -> Obj:
         return self.api.get(path)
 
+    def list(self, path: str, **kwargs: Any) -> tuple[list[Obj], str]:
+        return self.api.list(path, **kwargs)
+
     def request(self, method: str, path: str, **kwargs: Any) -> Obj:
         if method != "GET":
             self._write(f"{method} {path}")

@@ -15,7 +15,7 @@ from allocator.workqueue import Backoff
 from kubesim.cluster import Cluster
 from sparkgate import contract
 from sparkgate.contract import AppKey
-from sparkgate.kube import Kube
+from sparkgate.kube import Kube, KubeError, NotFound
 
 
 def pod(
@@ -226,3 +226,56 @@ def test_a_finished_history_of_an_app_that_lives_again_no_longer_expires() -> No
     assert key in store.unfinished() and store.view(key) is not None
     store.unfinished_again(AppKey("spark", "none"))  # an app with no history: nothing to do
     assert store.count() == 1
+
+
+class RefusingKube:
+    """An API server that refuses every ConfigMap write (a `count/configmaps` quota reached) and records what
+    it was asked; `during_delete` runs while a DELETE is in flight."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.during_delete: Any = None
+
+    def replace(self, path: str, body: Any) -> Any:
+        self.sent.append("PUT")
+        raise KubeError(403, "Forbidden", "exceeded quota: count/configmaps")
+
+    def create(self, path: str, body: Any) -> Any:
+        self.sent.append("POST")
+        raise KubeError(403, "Forbidden", "exceeded quota: count/configmaps")
+
+    def delete(self, path: str, **kwargs: Any) -> Any:
+        self.sent.append("DELETE")
+        if self.during_delete is not None:
+            self.during_delete()
+        raise NotFound(404, "NotFound", "not found")
+
+
+def test_a_finished_history_that_cannot_be_saved_still_expires_and_leaves_nothing_unsaved() -> None:
+    """Expiry skipped the histories with unsaved changes: with every write refused for good, each history
+    ever recorded was held and retried at each flush for the rest of the process's life. A finished one past
+    the retention now goes whether saved or not; and a deletion recorded for it while it is being deleted
+    (a late gone event) goes with it instead of leaving an unsaved change with no history behind it."""
+    now = [1000.0]
+    kube = RefusingKube()
+    store = HistoryStore(
+        cast(Kube, kube),
+        contract.INSTALL_NAMESPACE,
+        retention=60,
+        backoff=Backoff(0, 0),
+        clock=lambda: now[0],
+    )
+    record = DeletionRecord(1, "p", None, 1.0, DeletionReason.SUCCEEDED)
+    for app in ("a", "b"):
+        store.record(AppKey("spark", app), f"uid-{app}", record)
+    store.finished(AppKey("spark", "a"), 1000.0)
+    store.flush()
+    assert store.unsaved() == 2 and store.count() == 2  # refused: kept, to be retried
+    now[0] = 1061.0
+    late = DeletionRecord(2, "p2", None, 2.0, DeletionReason.SUCCEEDED)
+    kube.during_delete = lambda: store.record(AppKey("spark", "a"), "uid-late", late)
+    kube.sent.clear()
+    store.flush()
+    assert kube.sent == ["PUT", "DELETE"]  # b retried; a, expired, deleted and not written again
+    assert store.count() == 1 and store.unsaved() == 1  # b, live, still held and retried
+    assert store.view(AppKey("spark", "a")) is None
