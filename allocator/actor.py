@@ -93,6 +93,7 @@ class Actor:
         identity: str = contract.ALLOCATOR_SERVICE_ACCOUNT,
         clock: Callable[[], float] = time.time,
         on_release: Callable[[Release, float], None] | None = None,
+        on_sending: Callable[[Release, float], None] | None = None,
         on_delete: Callable[[DeletePod], None] | None = None,
         parallel_apps: int = PARALLEL_APPS,
         writers: int = WRITERS,
@@ -103,7 +104,9 @@ class Actor:
         self.install_namespace = install_namespace
         self.identity = identity
         self.clock = clock
-        self.on_release = on_release
+        self.on_release = on_release  # (the release, when) once the API server accepted the gate removal
+        # (the release, when) before its PATCH is sent: its watch events may come before the PATCH returns
+        self.on_sending = on_sending
         self.on_delete = on_delete
         self.events = EventRecorder(self.kube, identity=identity, clock=clock)
         self._pool = ThreadPoolExecutor(max_workers=parallel_apps, thread_name_prefix="actor")
@@ -206,6 +209,8 @@ class Actor:
             raise NotFound(404, "NotGated", f"pod {pod.name} carries no sparkgate gate")
         with self._seen_lock:  # read before the PATCH: its watch event may be observed before it returns
             seen = self._seen.get(pod.uid)
+        if self.on_sending is not None:
+            self.on_sending(action, self.clock())
         self.kube.patch(
             f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
             contract.gate_removal(pod.gate_index),

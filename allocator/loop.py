@@ -167,7 +167,6 @@ class Controller:
             self._gone.append((record, removed, self.clock()))
 
     def on_release(self, action: Release, at: float) -> None:
-        self.bind_times.released(action.pod.uid, at)
         self.metrics.namespaces.add(action.app.namespace)
         self.metrics.releases.labels(action.app.namespace).inc()
         if action.pod.created:

@@ -15,6 +15,7 @@ from msgspec.structs import replace
 from allocator.actor import Actor
 from allocator.cache import pod_record
 from allocator.decision import decide
+from allocator.expectations import BindTimes
 from allocator.model import (
     Action,
     AppView,
@@ -288,3 +289,38 @@ def test_a_write_budget_that_cannot_hand_out_tokens_is_refused_at_start(
         "sparkgate allocator: --kube-api-qps, --kube-api-burst: a token bucket needs qps > 0 and burst >= 1, "
         "got qps 0.0, burst 200\n"
     )
+
+
+def test_a_release_time_is_taken_before_its_patch_so_a_pod_watched_gone_meanwhile_leaves_none(
+    cluster: Cluster, leadership: Leadership
+) -> None:
+    """The release-to-bind times (expectations.BindTimes) take each release's time out when the watch shows
+    the pod bound or gone. Taken after the PATCH returned, a pod whose bind and deletion were watched while
+    the PATCH was in flight (Spark scaling down at once) left its entry for good."""
+    bound: list[tuple[str, float]] = []
+    times = BindTimes(lambda ns, seconds: bound.append((ns, seconds)), clock=lambda: 105.0)
+    kube = Kube.from_kubeconfig(str(cluster.add_user(ALLOCATOR)))
+    actor = Actor(
+        kube,
+        "sparkgate-system",
+        leading=leadership,
+        clock=lambda: 100.0,
+        on_sending=lambda action, at: times.released(action.pod.uid, at),
+    )
+    pod = gated_pod(cluster, "app-a", 1)
+    patch = actor.kube.patch
+
+    def watched_during_the_patch(*args: Any, **kwargs: Any) -> Any:
+        answer = patch(*args, **kwargs)
+        on_node = replace(pod, gated=False, gate_index=None, node="node-1")
+        times.observe(pod, on_node)  # the bind, watched before the PATCH returns ...
+        times.observe(on_node, None)  # ... and the pod's deletion
+        return answer
+
+    actor.kube.patch = watched_during_the_patch  # type: ignore[method-assign]
+    try:
+        assert actor.submit([Release(pod.app, pod)])[pod.app].result().released == [pod.uid]
+        assert bound == [("spark", 5.0)] and times._released == {}
+    finally:
+        actor.close()
+        kube.close()
