@@ -627,8 +627,9 @@ class Cluster:
                         Conflict(
                             409,
                             "Conflict",
-                            f'Operation cannot be fulfilled on pods "{name}": Precondition failed: UID in '
-                            f"precondition: {want}, UID in object meta: {pod.uid}",
+                            f'Operation cannot be fulfilled on Pod "{name}": the UID in the precondition '
+                            f"({want}) does not match the UID in record ({pod.uid}). The object might have been "
+                            "deleted and then recreated",
                         ),
                     )
                 self.delete_pod(pod)

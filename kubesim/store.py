@@ -737,7 +737,7 @@ class Store:
             if current is None:
                 raise not_found(resource, name)
             meta = current["metadata"]
-            _check_preconditions(resource, name, meta, preconditions)
+            _check_preconditions(r.kind, name, meta, preconditions)
             grace = podrules.grace_period(current, grace_period_seconds) if resource == "pods" else 0
             if grace > 0 or meta.get("finalizers"):
                 if meta.get("deletionTimestamp") and (
@@ -778,7 +778,7 @@ class Store:
             namespace = self._objects["namespaces"].get(("", name))
             if namespace is None:
                 raise not_found("namespaces", name)
-            _check_preconditions("namespaces", name, namespace["metadata"], preconditions)
+            _check_preconditions("Namespace", name, namespace["metadata"], preconditions)
             if namespace["metadata"].get("deletionTimestamp"):
                 return namespace
             new = clone(namespace)
@@ -866,17 +866,23 @@ def _owner_uids(obj: Obj | None) -> frozenset[str]:
     return frozenset(ref["uid"] for ref in obj["metadata"].get("ownerReferences") or () if ref.get("uid"))
 
 
+# registry/rest/delete.go `BeforeDelete`: the preconditions are checked against the object read, and the
+# conflict names the kind, not the resource (schema.GroupResource{Resource: gvk.Kind}).
+_PRECONDITION_FAILED = {
+    "uid": "the UID in the precondition ({want}) does not match the UID in record ({have}). The object might "
+    "have been deleted and then recreated",
+    "resourceVersion": "the ResourceVersion in the precondition ({want}) does not match the ResourceVersion in "
+    "record ({have}). The object might have been modified",
+}
+
+
 def _check_preconditions(
-    resource: str, name: str, meta: dict[str, Any], preconditions: dict[str, Any] | None
+    kind: str, name: str, meta: dict[str, Any], preconditions: dict[str, Any] | None
 ) -> None:
-    for field, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+    for field, why in _PRECONDITION_FAILED.items():
         want = (preconditions or {}).get(field)
         if want and want != meta.get(field):
-            raise conflict(
-                resource,
-                name,
-                f"Precondition failed: {label} in precondition: {want}, {label} in object meta: {meta.get(field)}",
-            )
+            raise conflict(kind, name, why.format(want=want, have=meta.get(field)))
 
 
 def _encode_continue(rv: int, last: Key) -> str:

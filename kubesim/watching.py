@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from .jsondata import clone
 from .selectors import field_selector, label_selector
 
 if TYPE_CHECKING:
@@ -78,6 +79,17 @@ def seen_as(event: Event, matches: Matcher) -> str | None:
     if now_in:
         return "ADDED"
     return "DELETED" if was_in else None
+
+
+def _as_seen(event: Event, kind: str) -> Obj:
+    """The object this watcher gets: an object that left its selector is gone with what it held before, at
+    the event's resourceVersion (cacher/cache_watcher.go `convertToWatchEvent`: "return a delete event with
+    the previous object content, but with the event's resource version")."""
+    if kind != "DELETED" or event.type != "MODIFIED" or event.old is None:
+        return event.obj
+    gone = clone(event.old)
+    gone["metadata"]["resourceVersion"] = str(event.rv)
+    return gone
 
 
 Delivery = tuple[int, str, Obj]  # (resourceVersion, the type this watcher sees, the object)
@@ -137,7 +149,7 @@ class Watch:
             self._latest = event.rv
             return True
         if len(self._queue) < self._window:
-            self._queue.append((event.rv, kind, event.obj))
+            self._queue.append((event.rv, kind, _as_seen(event, kind)))
             self._latest = event.rv
             self._notify()
             return True

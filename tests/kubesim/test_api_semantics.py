@@ -222,7 +222,19 @@ def test_deletion_preconditions_grace_and_collections(core: client.CoreV1Api, ap
     )
     with pytest.raises(Api) as e:
         core.delete_namespaced_pod("running", "spark", body={"preconditions": {"resourceVersion": stale}})
-    assert e.value.status == 409 and "Precondition failed" in status_of(e.value)["message"]
+    current = store.get("pods", "spark", "running")["metadata"]["resourceVersion"]
+    assert e.value.status == 409 and status_of(e.value)["message"] == (
+        f'Operation cannot be fulfilled on Pod "running": the ResourceVersion in the precondition ({stale}) '
+        f"does not match the ResourceVersion in record ({current}). The object might have been modified"
+    )  # registry/rest/delete.go BeforeDelete
+    with pytest.raises(Api) as e:
+        core.delete_namespaced_pod("running", "spark", body={"preconditions": {"uid": "u-0"}})
+    uid = store.get("pods", "spark", "running")["metadata"]["uid"]
+    assert status_of(e.value)["message"] == (
+        f'Operation cannot be fulfilled on Pod "running": the UID in the precondition (u-0) does not match the '
+        f"UID in record ({uid}). The object might have been deleted and then recreated"
+    )
+    assert status_of(e.value)["details"] == {"name": "running", "kind": "Pod"}
     core.delete_namespaced_pod("running", "spark", grace_period_seconds=30)
     marked = core.read_namespaced_pod("running", "spark").metadata
     assert marked.deletion_timestamp and marked.deletion_grace_period_seconds == 30

@@ -73,16 +73,20 @@ def test_watch_from_a_version_sees_each_later_change_in_order(store: Store) -> N
 
 def test_an_object_leaving_the_selector_is_deleted_for_that_watcher(store: Store) -> None:
     """Like the watch cache (cacheWatcher.convertToWatchEvent): an update that makes an object match a
-    watcher's selector arrives as ADDED, one that makes it stop matching as DELETED."""
+    watcher's selector arrives as ADDED, one that makes it stop matching as DELETED, carrying "the previous
+    object content, but with the event's resource version"."""
     store.create("configmaps", cm("a", tier="x"), namespace="spark")
     w = store.watch(
         "configmaps", "spark", resource_version=str(store.resource_version), label_selector="tier=x"
     )
-    store.patch("configmaps", "spark", "a", {"metadata": {"labels": {"tier": "y"}}}, MERGE)
+    left = store.patch("configmaps", "spark", "a", {"metadata": {"labels": {"tier": "y"}}}, MERGE)
     store.patch("configmaps", "spark", "a", {"data": {"k": "ignored while outside"}}, MERGE)
     store.patch("configmaps", "spark", "a", {"metadata": {"labels": {"tier": "x"}}}, MERGE)
     kinds = [w.next(5) for _ in range(2)]
     assert [k[0] for k in kinds if k] == ["DELETED", "ADDED"]
+    gone = kinds[0][1] if kinds[0] else {}
+    assert gone["metadata"]["labels"] == {"tier": "x"}  # what it held while it matched
+    assert gone["metadata"]["resourceVersion"] == left["metadata"]["resourceVersion"]
     assert w.next(0.01) is None
 
 
