@@ -232,7 +232,12 @@ def assemble(
     stop = stop or threading.Event()
     queue = WorkQueue(Backoff(options.backoff_base, options.backoff_cap))
     expectations = Expectations()
-    bind_times = BindTimes(lambda ns, seconds: metrics.release_to_bind.labels(ns).observe(seconds))
+
+    def bound(namespace: str, seconds: float) -> None:
+        with metrics.in_namespace(namespace):
+            metrics.release_to_bind.labels(namespace).observe(seconds)
+
+    bind_times = BindTimes(bound)
     elector = LeaderElector(
         kube,
         options.install_namespace,

@@ -306,10 +306,6 @@ class HistoryStore:
         the app's next history is written afresh."""
         meta = obj.get("metadata") or {}
         name = meta.get("name", "")
-        log.error(
-            "deletion history %s is corrupt (%s: %s): set aside, replaced", name, type(error).__name__, error
-        )
-        self.on_corrupt()
         aside = {
             "apiVersion": "v1",
             "kind": "ConfigMap",
@@ -323,8 +319,20 @@ class HistoryStore:
         try:
             self.kube.create(self.path, aside)
             self.kube.delete(f"{self.path}/{name}")
+            failed: KubeError | None = None
+        except NotLeading:
+            # Written by the leader only (a replica loads the histories at its start, before it may lead):
+            # the leader sets it aside when it reads the histories as it takes over (Controller._read_histories).
+            log.info("deletion history %s is corrupt: left for the leader to set aside", name)
+            return
         except KubeError as e:
-            log.warning("corrupt deletion history %s not set aside: %s", name, e)
+            failed = e
+        log.error(
+            "deletion history %s is corrupt (%s: %s): set aside, replaced", name, type(error).__name__, error
+        )
+        self.on_corrupt()
+        if failed is not None:
+            log.warning("corrupt deletion history %s not set aside: %s", name, failed)
 
     def flush(self) -> None:
         """Write the histories that changed (each after its backoff if its last write failed); delete those

@@ -167,10 +167,10 @@ class Controller:
             self._gone.append((record, removed, self.clock()))
 
     def on_release(self, action: Release, at: float) -> None:
-        self.metrics.namespaces.add(action.app.namespace)
-        self.metrics.releases.labels(action.app.namespace).inc()
-        if action.pod.created:
-            self.metrics.gate_wait.labels(action.app.namespace).observe(max(0.0, at - action.pod.created))
+        with self.metrics.in_namespace(action.app.namespace):
+            self.metrics.releases.labels(action.app.namespace).inc()
+            if action.pod.created:
+                self.metrics.gate_wait.labels(action.app.namespace).observe(max(0.0, at - action.pod.created))
 
     def on_delete(self, action: DeletePod) -> None:
         # Recorded with the decision's reason (id reuse, app finished) before the watch reports it.
@@ -180,8 +180,8 @@ class Controller:
             record.exec_id, record.pod, record.node, record.at, action.reason, record.exit_code, record.detail
         )
         if self.histories.record(action.app, action.pod.uid, entry, ended_at=self.ended.get(action.app)):
-            self.metrics.namespaces.add(action.app.namespace)
-            self.metrics.deletions.labels(action.app.namespace, action.reason.value).inc()
+            with self.metrics.in_namespace(action.app.namespace):
+                self.metrics.deletions.labels(action.app.namespace, action.reason.value).inc()
 
     # --- lifecycle -------------------------------------------------------------------------------------
 
@@ -271,7 +271,10 @@ class Controller:
         policy = self.policy.current()
         if not leading:
             self._histories_current = False
-        if policy is None or not keys or (leading and not self._read_histories(observed)):
+        # A new leader reads the histories at its first step, whether or not an app changed: it is the one
+        # that sets a corrupt one aside (a replica's read at its start may come before it leads).
+        current = not leading or self._read_histories(observed)
+        if policy is None or not keys or not current:
             for key in keys:
                 self.queue.done(key)
             return
@@ -501,8 +504,8 @@ class Controller:
             self.metrics.decision_errors.inc()
         self.expectations.failed(set(releases) - set(result.released))
         if not result.ok:
-            self.metrics.namespaces.add(app.namespace)
-            self.metrics.write_failures.labels(app.namespace).inc()
+            with self.metrics.in_namespace(app.namespace):
+                self.metrics.write_failures.labels(app.namespace).inc()
         self.queue.done(app, result.outcome)
 
     def _record_gone(self, gone: list[tuple[PodRecord, bool, float]], snapshot: Snapshot) -> None:
@@ -513,8 +516,8 @@ class Controller:
                 record, at, app_finishing=over is not None or (view is not None and view.finished)
             )
             if self.histories.record(record.app, record.uid, entry, ended_at=over):
-                self.metrics.namespaces.add(record.namespace)
-                self.metrics.deletions.labels(record.namespace, entry.reason.value).inc()
+                with self.metrics.in_namespace(record.namespace):
+                    self.metrics.deletions.labels(record.namespace, entry.reason.value).inc()
 
     def _visible(self, snapshot: Snapshot) -> Snapshot:
         """The apps that are not over (what /apps and the metrics show)."""

@@ -246,6 +246,9 @@ class AllocatorMetrics:
                 self.extender_excluded.labels(scope, reason)
         # Namespaces that may have per-namespace series (added where a series is written; pruned by the loop).
         self.namespaces: set[str] = set()
+        # Held while a per-namespace series is written (`in_namespace`) and while they are forgotten, so that
+        # a series is never written between its removal and its namespace's: it would stay for good.
+        self._namespaces_lock = threading.Lock()
         # The gauges of what is tracked, written at each scrape (status.py `AppsCollector.exposition`, set
         # by the Controller): after the registry's metrics in /metrics.
         self.tracked: Callable[[], bytes] | None = None
@@ -278,9 +281,21 @@ class AllocatorMetrics:
                     return s.value
         return None
 
+    @contextlib.contextmanager
+    def in_namespace(self, namespace: str) -> Iterator[None]:
+        """Write a per-namespace series inside this (any thread): the namespace is known, and not forgotten
+        meanwhile."""
+        with self._namespaces_lock:
+            self.namespaces.add(namespace)
+            yield
+
     def forget_namespaces(self, live: set[str]) -> None:
         """Remove every per-namespace series of the namespaces with no app left (their counters start again
         from zero if an app comes back: Prometheus's rate() and increase() take that as a reset)."""
+        with self._namespaces_lock:
+            self._forget_namespaces(live)
+
+    def _forget_namespaces(self, live: set[str]) -> None:
         for namespace in self.namespaces - live:
             for metric in (
                 self.releases,

@@ -4,6 +4,7 @@ and an app's lines are written again only when its view or its pacing window cha
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import pytest
@@ -198,3 +199,20 @@ def test_a_scrape_leaves_no_new_long_lived_objects_behind() -> None:
     text.exposition()
     assert len(text._series) == len(first)
     assert all(first.get(id(key)) is key for key in text._series)
+
+
+def test_a_namespace_is_not_forgotten_between_its_addition_and_a_write_of_its_series() -> None:
+    """Per-namespace series are written by the actor's, the reflector's and the loop's threads and forgotten
+    by the loop when no app of the namespace is left: a series written after its namespace's removal would
+    stay for good (nothing adds the namespace back). The write and the forgetting exclude each other."""
+    metrics = AllocatorMetrics()
+    forgetting = threading.Event()
+    with metrics.in_namespace("gone"):
+        loop = threading.Thread(target=lambda: (forgetting.set(), metrics.forget_namespaces(set())))
+        loop.start()
+        assert forgetting.wait(10)
+        metrics.releases.labels("gone").inc()  # the forgetting waits for this write
+    loop.join(10)
+    assert not loop.is_alive()
+    assert "gone" not in metrics.namespaces
+    assert metrics.sample("sparkgate_allocator_releases_total", {"namespace": "gone"}) is None

@@ -266,7 +266,13 @@ def test_a_corrupt_history_is_set_aside_and_replaced_never_a_crash(start: Any) -
 
     running = start(before=histories)
     store = running.cluster.store
-    assert running.sample("sparkgate_allocator_history_corrupt_total") == 1
+    # Set aside by the leader (a replica loads the histories at its start, before it may write: it leaves
+    # them to the leader's read as it takes over, the same replica here).
+    running.cluster.wait_for(
+        lambda: running.sample("sparkgate_allocator_history_corrupt_total") == 1,
+        timeout=30,
+        what="the corrupt history set aside by the leader",
+    )
     names = {c["metadata"]["name"]: c for c in store.list_objects("configmaps", NS)[0]}
     aside = [c for n, c in names.items() if n.startswith(history_name(bad_key) + "-corrupt-")]
     assert len(aside) == 1 and aside[0]["metadata"]["labels"][HISTORY_LABEL] == "corrupt"
