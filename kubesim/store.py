@@ -646,6 +646,11 @@ class Store:
             new = change(current)
             if not isinstance(new, dict):
                 raise bad_request("the result is not an object")
+            # registry/store.go Update: a resourceVersion in the updated object (a PATCH that sets one too)
+            # must be the stored one; a PATCH that sets none is retried on a concurrent change instead.
+            carried = (new.get("metadata") or {}).get("resourceVersion")
+            if carried and carried != seen_rv:
+                raise conflict(resource, name, STALE)
             new = _keep_identity(current, new, r)
             if resource == "pods":
                 new = podrules.check_update(current, new, subresource)

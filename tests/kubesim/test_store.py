@@ -383,3 +383,24 @@ def test_a_created_pod_gets_the_servers_status_and_a_gated_one_its_scheduling_ga
     # Removing the gate changes no status (PrepareForUpdate keeps the old status): the scheduler's to change.
     ungated = store.patch("pods", "spark", "g", {"spec": {"schedulingGates": None}}, MERGE, user=USER)
     assert ungated["status"] == gated
+
+
+def test_a_patch_that_carries_a_stale_resource_version_is_a_conflict(store: Store) -> None:
+    """registry/store.go Update: the updated object's resourceVersion, when the PATCH sets one, must be the
+    stored one (409, OptimisticLockErrorMsg); a PATCH that sets none applies to whatever is stored."""
+    made = store.create("configmaps", cm("a"), namespace="spark")
+    stale = made["metadata"]["resourceVersion"]
+    store.patch("configmaps", "spark", "a", {"data": {"k": "v2"}}, MERGE)
+    with pytest.raises(ApiError) as e:
+        store.patch(
+            "configmaps", "spark", "a", {"metadata": {"resourceVersion": stale}, "data": {"k": "x"}}, MERGE
+        )
+    assert (e.value.code, e.value.reason) == (409, "Conflict")
+    assert e.value.message == (
+        'Operation cannot be fulfilled on configmaps "a": the object has been modified; please apply your '
+        "changes to the latest version and try again"
+    )
+    current = store.get("configmaps", "spark", "a")
+    assert current["data"] == {"k": "v2"}
+    ok = {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"]}, "data": {"k": "v3"}}
+    assert store.patch("configmaps", "spark", "a", ok, MERGE)["data"] == {"k": "v3"}
