@@ -172,9 +172,15 @@ class Attempt:
     reason: str = "Unschedulable"  # or SchedulerError
 
 
-def fit_error(total: int, statuses: Mapping[str, tuple[str, str]]) -> str:
-    """FitError.Error() followed by DefaultPreemption's message (statuses: node -> (reason, code))."""
-    counts = collections.Counter(reason for reason, _ in statuses.values())
+# node -> (the reasons its filter failed with, the status code): a plugin may give several reasons
+# (noderesources/fit.go: one per insufficient resource), each counted on its own by FitError.Error.
+Statuses = dict[str, tuple[tuple[str, ...], str]]
+
+
+def fit_error(total: int, statuses: Statuses) -> str:
+    """FitError.Error() followed by DefaultPreemption's message: each node's reasons counted one by one
+    (pkg/scheduler/framework/types.go: `for _, reason := range status.Reasons() { reasons[reason]++ }`)."""
+    counts = collections.Counter(reason for reasons, _ in statuses.values() for reason in reasons)
     message = (
         f"0/{total} nodes are available: " + ", ".join(sorted(f"{n} {r}" for r, n in counts.items())) + "."
     )
@@ -381,17 +387,17 @@ class Scheduler:
         self._nodes = {n["metadata"]["name"]: n for n in sorted(nodes, key=lambda n: n["metadata"]["name"])}
         return free
 
-    def _misfit(self, pod: Obj, node: Obj, room: tuple[int, int, int]) -> tuple[str, str] | None:
-        """The first failing filter plugin's (reason, code) for this node, None when the pod fits."""
+    def _misfit(self, pod: Obj, node: Obj, room: tuple[int, int, int]) -> tuple[tuple[str, ...], str] | None:
+        """The first failing filter plugin's (reasons, code) for this node, None when the pod fits."""
         labels = node["metadata"].get("labels") or {}
         if not all(tolerates(pod, t) for t in (node.get("spec") or {}).get("taints") or []):
-            return "node(s) had untolerated taint(s)", UNRESOLVABLE
+            return ("node(s) had untolerated taint(s)",), UNRESOLVABLE
         selector = (pod.get("spec") or {}).get("nodeSelector") or {}
         if any(labels.get(k) != v for k, v in selector.items()):
-            return "node(s) didn't match Pod's node affinity/selector", UNRESOLVABLE
+            return ("node(s) didn't match Pod's node affinity/selector",), UNRESOLVABLE
         cpu, mem = self._requests_of(pod)
         c, m, n = room
-        reasons = [
+        reasons = tuple(
             text
             for short, text in (
                 (n < 1, "Too many pods"),
@@ -399,11 +405,11 @@ class Scheduler:
                 (m < mem, "Insufficient memory"),
             )
             if short
-        ]
-        return (", ".join(reasons), "unschedulable") if reasons else None
+        )
+        return (reasons, "unschedulable") if reasons else None
 
     def _schedule(self, pod: Obj, free: dict[str, tuple[int, int, int]]) -> Attempt:
-        statuses: dict[str, tuple[str, str]] = {}
+        statuses: Statuses = {}
         feasible = []
         for name, node in self._nodes.items():
             misfit = self._misfit(pod, node, free[name])
@@ -445,9 +451,7 @@ class Scheduler:
             return {"Pod": pod, "Nodes": None, "NodeNames": names}
         return {"Pod": pod, "Nodes": {"items": [self._nodes[n] for n in names]}, "NodeNames": None}
 
-    def _filter(
-        self, extender: Extender, pod: Obj, feasible: list[str], statuses: dict[str, tuple[str, str]]
-    ) -> list[str]:
+    def _filter(self, extender: Extender, pod: Obj, feasible: list[str], statuses: Statuses) -> list[str]:
         if not extender.filter_verb:
             return feasible
         answer = extender.call(extender.filter_verb, self._args(extender, pod, feasible))
@@ -469,10 +473,10 @@ class Scheduler:
             passed = []  # neither: kube-scheduler reads no node back, so none passes
         unresolvable = _field(answer, "FailedAndUnresolvableNodes") or {}
         for name, message in unresolvable.items():
-            statuses[name] = (message, UNRESOLVABLE)
+            statuses[name] = ((message,), UNRESOLVABLE)
         for name, message in (_field(answer, "FailedNodes") or {}).items():
             if name not in unresolvable:
-                statuses[name] = (message, "unschedulable")
+                statuses[name] = ((message,), "unschedulable")
         return passed
 
     def _least_allocated(self, pod: Obj, name: str, room: tuple[int, int, int]) -> int:

@@ -212,3 +212,16 @@ def test_an_extender_is_configured_as_kube_scheduler_reads_its_configuration() -
     assert Extender.from_config({"urlPrefix": "u", "httpTimeout": "500ms"}).http_timeout == 0.5
     with pytest.raises(ValueError, match="not a duration"):
         Extender.from_config({"urlPrefix": "u", "httpTimeout": "5 seconds"})
+
+
+def test_each_insufficient_resource_of_a_node_is_counted_on_its_own(cluster: Cluster) -> None:
+    """noderesources/fit.go Filter returns one reason per insufficient resource, and FitError.Error counts
+    every reason of every node's status (pkg/scheduler/framework/types.go): two nodes short of both cpu and
+    memory are `2 Insufficient cpu, 2 Insufficient memory`, not one reason per node."""
+    big = pod("big", scheduler="default-scheduler", cpu="20")
+    big["spec"]["containers"][0]["resources"]["requests"]["memory"] = "200Gi"
+    cluster.store.create("pods", big)
+    assert failure(cluster, "big")["message"] == (
+        "0/2 nodes are available: 2 Insufficient cpu, 2 Insufficient memory. no new claims to deallocate, "
+        "preemption: 0/2 nodes are available: 2 No preemption victims found for incoming pod."
+    )
