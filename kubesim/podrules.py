@@ -168,10 +168,12 @@ def check_update(old: Obj, new: Obj, subresource: str) -> Obj:
 
 
 def grace_period(pod: Obj, requested: int | None) -> int:
+    """pkg/registry/core/pod/strategy.go `CheckGracefulDelete`: the request's period, else the pod's
+    terminationGracePeriodSeconds; 0 for a pod not scheduled or already terminated; a negative one is 1."""
     if not (pod.get("spec") or {}).get("nodeName"):
         return 0
     if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
         return 0
     if requested is not None:
-        return max(requested, 0)
+        return 1 if requested < 0 else requested
     return int((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30))

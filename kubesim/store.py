@@ -88,6 +88,11 @@ class Event:
     old: Obj | None
 
 
+def _rfc3339_seconds(text: str) -> float:
+    """A metadata timestamp (now_rfc3339's form) as unix seconds."""
+    return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
+
+
 def now_rfc3339(clock: Callable[[], float]) -> str:
     return dt.datetime.fromtimestamp(clock(), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -744,19 +749,29 @@ class Store:
             meta = current["metadata"]
             _check_preconditions(r.kind, name, meta, preconditions)
             grace = podrules.grace_period(current, grace_period_seconds) if resource == "pods" else 0
-            if grace > 0 or meta.get("finalizers"):
-                if meta.get("deletionTimestamp") and (
-                    grace >= int(meta.get("deletionGracePeriodSeconds") or 0)
-                ):
-                    return current  # already being deleted
+            removed = False
+            if resource == "pods" or meta.get("finalizers"):
+                # registry/rest/delete.go BeforeDelete and registry/store.go Delete: a pod (a graceful
+                # strategy) is first updated with its deletionTimestamp and deletionGracePeriodSeconds, grace 0
+                # included ("The deletion operation happens in two phases"), then deleted from storage if its
+                # grace is 0 and it has no finalizer; one already being deleted may only have its grace
+                # shortened, its deletionTimestamp moved by the difference.
+                old_grace = meta.get("deletionGracePeriodSeconds")
+                if meta.get("deletionTimestamp") and old_grace and grace >= int(old_grace):
+                    return current  # a graceful deletion is pending: nothing changes
                 new = clone(current)
-                new["metadata"]["deletionTimestamp"] = new["metadata"].get(
-                    "deletionTimestamp"
-                ) or now_rfc3339(lambda: self.clock() + grace)
+                if meta.get("deletionTimestamp") and old_grace:
+                    start = _rfc3339_seconds(meta["deletionTimestamp"]) - int(old_grace)
+                    new["metadata"]["deletionTimestamp"] = now_rfc3339(lambda: start + grace)
+                elif not meta.get("deletionTimestamp"):
+                    new["metadata"]["deletionTimestamp"] = now_rfc3339(lambda: self.clock() + grace)
+                    if meta.get("generation"):
+                        new["metadata"]["generation"] = int(meta["generation"]) + 1
                 new["metadata"]["deletionGracePeriodSeconds"] = grace
-                stored = self._commit(resource, key, new, "MODIFIED", current)
-                removed = False
-            else:
+                if new != current:
+                    current = self._commit(resource, key, new, "MODIFIED", current)
+                stored = current
+            if grace == 0 and not current["metadata"].get("finalizers"):
                 stored = self._commit(resource, key, None, "DELETED", current)
                 removed = True
         self._dispatch()

@@ -404,3 +404,44 @@ def test_a_patch_that_carries_a_stale_resource_version_is_a_conflict(store: Stor
     assert current["data"] == {"k": "v2"}
     ok = {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"]}, "data": {"k": "v3"}}
     assert store.patch("configmaps", "spark", "a", ok, MERGE)["data"] == {"k": "v3"}
+
+
+def test_a_pods_deletion_is_two_writes_and_a_pending_grace_may_only_be_shortened(store: Store) -> None:
+    """registry/rest/delete.go BeforeDelete ("The deletion operation happens in two phases") and
+    pod/strategy.go CheckGracefulDelete: a pod's deletion first writes its deletionTimestamp and
+    deletionGracePeriodSeconds (MODIFIED), grace 0 included (an unscheduled pod), then removes it (DELETED); a
+    bound pod waits its grace; a shorter grace moves the deletionTimestamp by the difference; a negative one
+    is 1."""
+    now = [1_800_000_000.0]
+    store.clock = lambda: now[0]
+    spec = {"containers": [{"name": "c", "image": "i"}]}
+    store.create("pods", {"metadata": {"name": "unbound"}, "spec": spec}, namespace="spark")
+    store.create(
+        "pods", {"metadata": {"name": "bound"}, "spec": {**spec, "nodeName": "n"}}, namespace="spark"
+    )
+    w = store.watch("pods", "spark", resource_version=str(store.resource_version))
+    store.delete("pods", "spark", "unbound")
+    first, second = w.next(5), w.next(5)
+    assert first is not None and second is not None
+    assert (first[0], second[0]) == ("MODIFIED", "DELETED")
+    assert first[1]["metadata"]["deletionGracePeriodSeconds"] == 0
+    assert first[1]["metadata"]["deletionTimestamp"] == "2027-01-15T08:00:00Z"
+    marked = store.delete("pods", "spark", "bound", grace_period_seconds=30)
+    assert marked["metadata"]["deletionTimestamp"] == "2027-01-15T08:00:30Z"
+    now[0] += 5
+    shorter = store.delete("pods", "spark", "bound", grace_period_seconds=10)
+    assert shorter["metadata"]["deletionTimestamp"] == "2027-01-15T08:00:10Z"  # from the first request
+    assert shorter["metadata"]["deletionGracePeriodSeconds"] == 10
+    assert store.delete("pods", "spark", "bound", grace_period_seconds=20) == shorter  # never longer
+    negative = store.delete("pods", "spark", "bound", grace_period_seconds=-5)
+    assert negative["metadata"]["deletionGracePeriodSeconds"] == 1
+    store.delete("pods", "spark", "bound", grace_period_seconds=0)  # the kubelet's, once it stopped
+    events = [w.next(5) for _ in range(5)]
+    assert [(e[0], e[1]["metadata"].get("deletionGracePeriodSeconds")) for e in events if e] == [
+        ("MODIFIED", 30),
+        ("MODIFIED", 10),
+        ("MODIFIED", 1),
+        ("MODIFIED", 0),
+        ("DELETED", 0),
+    ]
+    assert store.list("pods", "spark")[0] == []
