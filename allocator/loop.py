@@ -386,12 +386,7 @@ class Controller:
             for key in revived:
                 self.histories.unfinished_again(key)
             if keys is None:
-                # A history begun for an app the registry never followed (its pods came and went between two
-                # looks) would never be finished, and never expire: the tick finishes it, as a new leader
-                # finishes those of apps the cluster holds nothing of (_read_histories).
-                for key in self.histories.unfinished():
-                    if key not in observed.apps and not self.registry.tracks(key):
-                        self.histories.finished(key, now)
+                self._finish_histories(observed, now)  # the tick's look at every app
         if self._ended_version != self.registry.version:
             self.ended, self._ended_version = dict(self.registry.ended), self.registry.version
 
@@ -413,17 +408,23 @@ class Controller:
 
     def _read_histories(self, snapshot: Snapshot) -> bool:
         """A new leader reads the histories its predecessor saved (its own view of them is the one of its
-        start): False while the API fails (nothing is decided meanwhile). It finishes those of the apps that
-        are over (its predecessor may not have seen them end) and of the apps the cluster holds nothing of
-        any more, so that they expire."""
+        start): False while the API fails (nothing is decided meanwhile). It finishes those nothing else
+        will (`_finish_histories`): its predecessor may not have seen their apps end."""
         if not self._histories_current:
             self._histories_current = self.histories.load()
             if self._histories_current:
-                now = self.clock()
-                ended = self.registry.ended
-                for key in self.histories.unfinished() - {k for k in snapshot.apps if k not in ended}:
-                    self.histories.finished(key, self.registry.ended.get(key, now))
+                self._finish_histories(snapshot, self.clock())
         return self._histories_current
+
+    def _finish_histories(self, snapshot: Snapshot, now: float) -> None:
+        """The one rule for a history that nothing else would finish, so that it expires after the retention:
+        its app is over, or the cluster holds nothing of it and the registry does not follow it (its pods came
+        and went between two looks). An app the registry follows is finished by its end (`end`). Leader
+        only; at a new leader's read of the histories and at each tick."""
+        ended = self.registry.ended
+        for key in self.histories.unfinished():
+            if key in ended or (key not in snapshot.apps and not self.registry.tracks(key)):
+                self.histories.finished(key, ended.get(key, now))
 
     def _settle(self, keys: set[AppKey], policy: Any, snapshot: Snapshot) -> None:
         """A follower's decision: the settings in force (for /apps and `sparkgate status`), from memory
