@@ -540,12 +540,10 @@ def _walk(expression: str, program: _Program, inputs: Inputs, limit: int) -> tup
     try:
         value = _plain(evaluator.evaluate(inputs.activation(expression)))
         return cost[0], value, tuple(dict.fromkeys(reads))
-    except (
-        CELEvalError,
-        TypeError,
-    ) as e:  # an error of the walk, or one inside a list or map the value holds
-        # cel-python's walker raises TypeError where a macro meets what is not a list or map (`null.all(...)`);
-        # cel-go answers such an evaluation with an error too ("expected iterable type").
+    except (CELEvalError, TypeError) as e:
+        # An error of the walk, or one inside a list or map the value holds. cel-python's walker raises
+        # TypeError where a macro meets what is not a list or map (`null.all(...)`); cel-go answers such an
+        # evaluation with an error too ("expected iterable type").
         why = str(e.args[0]) if isinstance(e, CELEvalError) else f"no such overload: {e}"
         return (
             cost[0],

@@ -95,6 +95,12 @@ class Cluster:
         return window
 
 
+def held(d: Decision, unbound: int) -> bool:
+    """App a released nothing, held by the fixed rule's previous batch of `unbound` pods."""
+    why = f"app spark/a: previous batch not yet bound ({unbound} pods)"
+    return released(d) == [] and d.settings[A].waiting_for == why
+
+
 def test_slow_start_doubles_per_bound_round_up_to_the_ceiling_with_no_batch_delay() -> None:
     cluster, policy = Cluster(("a", 400)), adaptive(batch=10, ceiling=100)
     sizes, reasons = [], []
@@ -359,9 +365,7 @@ def test_pods_released_before_a_restart_count_against_the_window_and_fall_it_bac
     d = cluster.decide(policy, 1000.0)
     assert released(d) == [] and (cluster.window().size, cluster.window().waiting) == (10, 100)
     assert d.due == {A: 1002.0}
-    d = cluster.decide(policy, 1002.0)
-    assert cluster.window().reason is Reason.SLOW_BIND and released(d) == []
-    assert d.settings[A].waiting_for == "app spark/a: previous batch not yet bound (100 pods)"
+    assert held(cluster.decide(policy, 1002.0), 100) and cluster.window().reason is Reason.SLOW_BIND
     cluster.answer("a", run=100)  # answered at last: slow start again, from batchSize
     assert len(released(cluster.decide(policy, 1003.0))) == 10
 
@@ -387,11 +391,7 @@ def test_switching_from_adaptive_to_fixed_waits_for_every_pod_the_window_left_un
     for name in left:  # ... which the scheduler has not bound
         i = int(name.rsplit("-", 1)[1])
         cluster.pods["a"][i] = msgspec.structs.replace(cluster.pods["a"][i], node=None, phase="Pending")
-    d = cluster.decide(adaptive(batch=10, slow_bind=50, pacing_="fixed"), 105.0)
-    assert (
-        released(d) == []
-        and d.settings[A].waiting_for == "app spark/a: previous batch not yet bound (2 pods)"
-    )
+    assert held(cluster.decide(adaptive(batch=10, slow_bind=50, pacing_="fixed"), 105.0), 2)
 
 
 def test_after_a_fall_back_every_unanswered_pod_of_the_rounds_holds_the_app() -> None:
@@ -419,11 +419,7 @@ def test_after_a_fall_back_every_unanswered_pod_of_the_rounds_holds_the_app() ->
     assert len(released(cluster.decide(policy, 100.2))) == 2  # window 21, 19 waiting
     cluster.answer("a", refuse=1)
     assert released(cluster.decide(policy, 100.3)) == [] and cluster.window().reason is Reason.UNSCHEDULABLE
-    d = cluster.decide(policy, 101.3)
-    assert (
-        released(d) == []
-        and d.settings[A].waiting_for == "app spark/a: previous batch not yet bound (20 pods)"
-    )
+    assert held(cluster.decide(policy, 101.3), 20)
 
 
 def test_a_release_that_failed_and_was_retried_waits_from_its_retry() -> None:
