@@ -40,7 +40,7 @@ from sparkgate.json_patch import PatchError, apply_patch
 
 from . import cel, matching, mutating_policy, podplugins, podrules, policy
 from .errors import ApiError, bad_request, forbidden
-from .jsondata import clone, encode
+from .jsondata import encode
 from .reinvocation import Reinvocation
 from .resources import RESOURCES
 from .store import AdmissionRequest, Obj, Store
@@ -133,9 +133,11 @@ class AdmissionChain:
         self.webhooks = webhooks
 
     def mutate(self, request: AdmissionRequest) -> Obj | None:
+        """The admitted object. The request's object is the caller's own copy (the store's `create` and
+        `_update` make it) and is changed in place, as the in-tree plugins change kube-apiserver's."""
         if request.obj is None:
             return None
-        obj = clone(request.obj)
+        obj = request.obj
         context = Reinvocation()
         obj = self._mutating_phase(request, obj, context)
         if context.should_reinvoke:

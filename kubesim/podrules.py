@@ -116,16 +116,18 @@ def _amount(value: Any) -> Decimal:
 
 
 def _mutable_masked(spec: Obj, gated: bool) -> Obj:
-    spec = clone(spec)
-    for field in ("containers", "initContainers"):
-        for container in spec.get(field) or []:
-            container.pop("image", None)
-    for field in ("activeDeadlineSeconds", "tolerations", "schedulingGates"):
-        spec.pop(field, None)
+    """The spec without what an update may change, for comparison only: it shares the spec's values."""
+    dropped = {"activeDeadlineSeconds", "tolerations", "schedulingGates"}
     if gated:
-        spec.pop("nodeSelector", None)
-        spec.pop("affinity", None)
-    return spec
+        dropped |= {"nodeSelector", "affinity"}
+    masked = {k: v for k, v in spec.items() if k not in dropped}
+    for field in ("containers", "initContainers"):
+        if isinstance(masked.get(field), list):
+            masked[field] = [
+                {k: v for k, v in c.items() if k != "image"} if isinstance(c, dict) else c
+                for c in masked[field]
+            ]
+    return masked
 
 
 def check_update(old: Obj, new: Obj, subresource: str) -> Obj:

@@ -664,8 +664,8 @@ class Store:
             request = None
             if not subresource:
                 request, admitted = self._admit("UPDATE", resource, new, current, user, dry_run)
-                if admitted is not None:
-                    new = _keep_identity(current, admitted, r)
+                if admitted is not None:  # made from `new`, the store's own copy
+                    new = _keep_identity(current, admitted, r, owned=True)
             check_object(resource, r.kind, new)
             self._validate(request, new)
             with self._lock:
@@ -937,8 +937,9 @@ def _field_filter(text: str | None) -> Callable[[Obj], bool]:
         raise bad_request(str(e)) from None
 
 
-def _keep_identity(current: Obj, new: Obj, r: Resource) -> Obj:
-    """Fields a client cannot change with an update: identity, timestamps, the deletion state."""
+def _keep_identity(current: Obj, new: Obj, r: Resource, *, owned: bool = False) -> Obj:
+    """Fields a client cannot change with an update: identity, timestamps, the deletion state. A copy that
+    shares nothing with `new`, unless `owned` (the store's own object, which it changes in place)."""
     new = dict(new)
     meta = dict(new.get("metadata") or {})
     old_meta = current["metadata"]
@@ -960,7 +961,7 @@ def _keep_identity(current: Obj, new: Obj, r: Resource) -> Obj:
         meta["managedFields"] = old_meta["managedFields"]
     new["metadata"] = meta
     new["apiVersion"], new["kind"] = r.api_version, r.kind
-    return clone(new)
+    return new if owned else clone(new)
 
 
 def _same_content(a: Obj, b: Obj) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 import threading
 import uuid
@@ -445,3 +446,49 @@ def test_a_pods_deletion_is_two_writes_and_a_pending_grace_may_only_be_shortened
         ("DELETED", 0),
     ]
     assert store.list("pods", "spark")[0] == []
+
+
+def test_a_pod_update_may_change_only_what_validate_pod_update_allows(store: Store) -> None:
+    """pkg/apis/core/validation/validation.go `ValidatePodUpdate`: besides the metadata, an update may change
+    the containers' images, activeDeadlineSeconds, add tolerations and remove scheduling gates; while the
+    pod is gated, also add to its nodeSelector and set its affinity (`validateOnlyAddedNodeSelector`,
+    PodSchedulingReadiness). What the update was made from is the caller's, never the store's."""
+    container = {"name": "c", "image": "i:1", "resources": {"requests": {"cpu": "1"}}}
+    pod = {
+        "metadata": {"name": "p"},
+        "spec": {
+            "containers": [container],
+            "schedulingGates": [{"name": "a"}, {"name": "b"}],
+            "nodeSelector": {"zone": "z1"},
+        },
+    }
+    store.create("pods", pod, namespace="spark", user=USER)
+
+    def update(**spec: Any) -> dict[str, Any]:
+        current = store.get("pods", "spark", "p")
+        return store.replace("pods", "spark", "p", {**current, "spec": {**current["spec"], **spec}}, user=USER)
+
+    def refused(**spec: Any) -> str:
+        with pytest.raises(ApiError) as e:
+            update(**spec)
+        assert (e.value.code, e.value.reason) == (422, "Invalid")
+        return e.value.message
+
+    image = [{**container, "image": "i:2"}]
+    assert update(containers=image)["spec"]["containers"][0]["image"] == "i:2"
+    assert update(nodeSelector={"zone": "z1", "disk": "ssd"})["spec"]["nodeSelector"]["disk"] == "ssd"
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
+    assert update(affinity=affinity)["spec"]["affinity"] == affinity
+    assert update(schedulingGates=[{"name": "b"}])["spec"]["schedulingGates"] == [{"name": "b"}]
+    more_cpu = [{**image[0], "resources": {"requests": {"cpu": "2"}}}]
+    assert "pod updates may not change fields other than" in refused(containers=more_cpu)
+    assert "only additions to spec.nodeSelector are allowed" in refused(nodeSelector={"zone": "z2"})
+    store.patch("pods", "spark", "p", {"spec": {"schedulingGates": None}}, MERGE, user=USER)
+    assert "pod updates may not change fields other than" in refused(affinity=None)  # ungated: fixed
+    assert "pod updates may not change fields other than" in refused(nodeSelector={"zone": "z1"})
+    mine = copy.deepcopy(store.get("pods", "spark", "p"))
+    mine["spec"]["activeDeadlineSeconds"] = 60
+    stored = store.replace("pods", "spark", "p", mine, user=USER)
+    mine["spec"]["containers"][0]["image"] = "changed-by-the-caller-afterwards"
+    assert stored["spec"]["activeDeadlineSeconds"] == 60
+    assert store.get("pods", "spark", "p")["spec"]["containers"][0]["image"] == "i:2"
