@@ -466,7 +466,9 @@ def test_a_pod_update_may_change_only_what_validate_pod_update_allows(store: Sto
 
     def update(**spec: Any) -> dict[str, Any]:
         current = store.get("pods", "spark", "p")
-        return store.replace("pods", "spark", "p", {**current, "spec": {**current["spec"], **spec}}, user=USER)
+        return store.replace(
+            "pods", "spark", "p", {**current, "spec": {**current["spec"], **spec}}, user=USER
+        )
 
     def refused(**spec: Any) -> str:
         with pytest.raises(ApiError) as e:
