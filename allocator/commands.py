@@ -226,7 +226,7 @@ def assemble(
     from .extender import Extender
     from .health import Health
     from .loop import Controller
-    from .placement import Placement
+    from .placement import DEFAULT_RETENTION, Placement
     from .workqueue import Backoff, WorkQueue
 
     stop = stop or threading.Event()
@@ -269,8 +269,13 @@ def assemble(
         lambda apps: parts["controller"].on_change(apps),
         lambda record, removed: parts["controller"].on_gone(record, removed),
     )
+
     # What the scheduler extender answers from (every replica keeps it, followers included).
-    placement = Placement()
+    def retention() -> float:
+        current = policy.current()
+        return DEFAULT_RETENTION if current is None else current.longest_failure_window()
+
+    placement = Placement(retention=retention)
     # The one place where every executor pod change is observed: add observers here.
     cache.pod_observers += [expectations.observe, bind_times.observe, placement.observe]
     cache.confirms = expectations.confirms

@@ -22,7 +22,8 @@ zone wins while it has room. Failures lower a node's score long before the filte
 candidate node has recent failures (of the pod's app, or of any app), each node's risk r is the larger of
 the app's failures there / failuresPerApp and the apps failed there / suspectNodeApps; a node with r = 0
 scores 7 + round(preference x 3/10), one with r > 0 floor(5 x (1 - r)), so the healthy nodes win by at
-least 3 (150 of kube-scheduler's points at weight 5: more than any one of its plugins can give) and a
+least 3 (150 of kube-scheduler's points at weight 5: more than a weight-1 plugin's whole range, such as
+NodeResourcesFit's; TaintToleration, weight 3, and NodeAffinity, weight 2, can give more) and a
 node emptied by its failures no longer draws the next executors (issue 20: on a real cluster, seven
 executors of one app were bound to an OOM-killing node before its third failure was seen).
 A pod that is not a Spark executor keeps every node and scores 0 everywhere.
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +47,8 @@ from sparkgate.policy_file import PolicySource
 
 from .metrics import AllocatorMetrics
 from .placement import Failure, Placement
+
+log = logging.getLogger(__name__)
 
 MAX_EXTENDER_PRIORITY = 10
 HEALTHY_SCORE = 7  # the lowest score of a node without recent failures, while some candidate has them
@@ -261,15 +265,35 @@ class Args:
     def app(self) -> AppKey | None:
         meta = self.pod.get("metadata") or {}
         labels = meta.get("labels") or {}
-        if not isinstance(labels, dict) or not contract.is_executor(labels):
+        if not contract.is_executor(labels):
             return None
-        return AppKey(str(meta.get("namespace") or ""), labels[contract.LABEL_APP_ID])
+        return AppKey(meta.get("namespace") or "", labels[contract.LABEL_APP_ID])
 
     @property
     def profile(self) -> str | None:
         annotations = (self.pod.get("metadata") or {}).get("annotations") or {}
-        value = annotations.get(contract.ANNOTATION_PROFILE) if isinstance(annotations, dict) else None
+        value = annotations.get(contract.ANNOTATION_PROFILE)
         return value if isinstance(value, str) else None
+
+
+def _object_meta(document: Obj, where: str) -> Obj:
+    """A pod's or node's metadata as Go decodes ObjectMeta: an object, its name and namespace strings, its
+    labels and annotations maps of strings (anything else fails the decoding: 400)."""
+    meta = document.get("metadata")
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict):
+        raise BadRequest(f"{where}.metadata: expected an object")
+    for name in ("name", "namespace"):
+        if not isinstance(meta.get(name, ""), str | None):
+            raise BadRequest(f"{where}.metadata.{name}: expected a string")
+    for name in ("labels", "annotations"):
+        values = meta.get(name)
+        if values is not None and (
+            not isinstance(values, dict) or not all(isinstance(v, str) for v in values.values())
+        ):
+            raise BadRequest(f"{where}.metadata.{name}: expected a map of strings")
+    return meta
 
 
 def parse_args(body: bytes) -> Args:
@@ -284,14 +308,19 @@ def parse_args(body: bytes) -> Args:
     pod = fields.get("pod")
     if not isinstance(pod, dict):
         raise BadRequest("Pod: expected the pod object")
+    _object_meta(pod, "Pod")
     names, nodes = fields.get("nodenames"), fields.get("nodes")
     if names is not None:
         if not isinstance(names, list) or not set(map(type, names)) <= {str}:
             raise BadRequest("NodeNames: expected a list of node names")
         return Args(pod, names, None)
     if isinstance(nodes, dict) and isinstance(nodes.get("items"), list):
-        items = [n for n in nodes["items"] if isinstance(n, dict)]
-        return Args(pod, [str((n.get("metadata") or {}).get("name", "")) for n in items], items)
+        items = nodes["items"]
+        if not all(isinstance(n, dict) for n in items):
+            raise BadRequest("Nodes.items: expected node objects")
+        return Args(
+            pod, [_object_meta(n, f"Nodes.items[{i}]").get("name") or "" for i, n in enumerate(items)], items
+        )
     raise BadRequest("expected NodeNames (nodeCacheCapable: true) or Nodes (a NodeList)")
 
 
@@ -340,6 +369,10 @@ class Extender:
         except BadRequest as e:
             outcome = "bad_request"
             return 400, json.dumps({"Error": f"sparkgate: {e}"}).encode()
+        except Exception as e:  # a defect: answered (kube-scheduler reads it as the extender's error), logged
+            log.exception("extender %s failed", verb)
+            outcome = "error"
+            return 500, json.dumps({"Error": f"sparkgate: internal error: {type(e).__name__}: {e}"}).encode()
         finally:
             self.metrics.extender_requests.labels(verb, outcome).inc()
             self.metrics.extender_seconds.labels(verb).observe(self.perf_counter() - started)
@@ -349,7 +382,7 @@ class Extender:
         millisecond more."""
         hosts = self._hosts
         if len(hosts) > 100_000:  # names come from requests: keep the cache bounded
-            hosts.clear()
+            hosts = self._hosts = {}  # a new one: another request may be reading the old
         scored = list(scored)
         for name, _ in scored:
             if name not in hosts:
@@ -370,14 +403,12 @@ class Extender:
         self._suspect = (key, valid_until, found, apps)
         return found, apps
 
-    def own_failures(self, app: AppKey, settings: Scheduling, policy: Policy) -> list[Failure]:
-        window = max(settings.failure_window_seconds, policy.scheduling.failure_window_seconds)
-        self.placement.retention = max(self.placement.retention, window)
+    def own_failures(self, app: AppKey, settings: Scheduling) -> list[Failure]:
         return self.placement.app_failures(app, settings.failure_window_seconds)
 
     def excluded(self, app: AppKey, profile: str | None, policy: Policy) -> dict[str, Exclusion]:
         settings = policy.scheduling_for(profile)
-        own = self.own_failures(app, settings, policy)
+        own = self.own_failures(app, settings)
         return exclusions(own, app, settings, self.suspect(policy)[0], self.placement.monotonic())
 
     def filter(self, args: Args, app: AppKey, policy: Policy) -> tuple[Obj, bool]:
@@ -394,7 +425,7 @@ class Extender:
         settings = policy.scheduling_for(args.profile)
         zone = self.placement.driver_zone(app) if settings.driver_zone == "prefer" else None
         executors = self.placement.executors(app) if settings.packing != "none" else {}
-        own = self.own_failures(app, settings, policy)
+        own = self.own_failures(app, settings)
         now = self.placement.monotonic()
         failing = failing_scores(own, self.suspect(policy)[1], settings, policy.scheduling, now)
         return scores(args.names, settings, executors, self.placement.zones(), zone, failing)

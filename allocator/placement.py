@@ -9,7 +9,7 @@ they happened on the injected monotonic clock, oldest first, and forgotten once 
 in force. The time is when the container terminated (its finishedAt, on the node's clock) when the pod says
 so, else when the failure was seen: so that after an allocator restart the failures of the first list keep
 their age instead of counting as new and excluding nodes for another whole window.
-Thread-safe: the reflectors write, the HTTP threads read, one lock guards it all.
+Thread-safe: the reflectors write, the HTTP threads read and prune old failures, one lock guards it all.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkgate.contract import AppKey
+from sparkgate.policy import Scheduling
 
 from .model import PodRecord
 
@@ -60,17 +61,23 @@ def _live(record: PodRecord | None) -> bool:
     )
 
 
+# Seconds a failure is kept while no policy is in force: failureWindowSeconds' default (sparkgate/policy.py).
+DEFAULT_RETENTION = Scheduling().failure_window_seconds
+
+
 class Placement:
     def __init__(
         self,
         *,
         monotonic: Callable[[], float] = time.monotonic,
         clock: Callable[[], float] = time.time,
-        retention: float = 600.0,
+        retention: Callable[[], float] = lambda: DEFAULT_RETENTION,
     ) -> None:
         self.monotonic = monotonic
         self.clock = clock  # wall clock: the age of a failure from its finishedAt
-        self.retention = retention  # seconds failures are kept: the longest window of the policy in force
+        # Seconds failures are kept: the longest window of the policy in force, asked at each use (the
+        # first failures are listed before any scheduling request comes, and the policy may change).
+        self.retention = retention
         self._lock = threading.Lock()
         self._failures: dict[str, collections.deque[Failure]] = {}  # node -> failures, oldest first
         self._by_app: dict[AppKey, collections.deque[Failure]] = {}  # the same, by app
@@ -98,11 +105,11 @@ class Placement:
                 self._count(previous, -1)
                 self._count(current, +1)
             if current.phase == "Failed" and current.node and current.uid not in self._counted:
-                self._counted.add(current.uid)
                 # A finishedAt ahead of this clock (skew between nodes) counts as now.
                 age = max(0.0, self.clock() - current.finished) if current.finished else 0.0
-                if age >= self.retention:
+                if age >= self.retention():
                     return
+                self._counted.add(current.uid)
                 failure = Failure(self.monotonic() - age, current.app, current.node, failure_kind(current))
                 bisect.insort(self._failures.setdefault(current.node, collections.deque()), failure, key=_at)
                 bisect.insort(self._by_app.setdefault(current.app, collections.deque()), failure, key=_at)
@@ -179,7 +186,7 @@ class Placement:
     # --- reading -----------------------------------------------------------------------------------------
 
     def _prune(self, index: dict[Any, collections.deque[Failure]], key: Any) -> None:
-        horizon = self.monotonic() - self.retention
+        horizon = self.monotonic() - self.retention()
         failures = index.get(key)
         while failures and failures[0].at < horizon:
             failures.popleft()

@@ -95,7 +95,7 @@ class World:
 
 def build(nodes: int, pods: int, failures: int, seed: int = 7) -> World:
     rng = random.Random(seed)
-    placement = Placement(retention=3600.0)
+    placement = Placement(retention=lambda: 3600.0)
     names = [f"node-{i:04d}" for i in range(nodes)]
     placement.nodes_replace(
         [

@@ -157,6 +157,12 @@ class Policy:
         found = self.profile_named(profile) if profile else None
         return self.scheduling if found is None else self.scheduling.with_override(found.scheduling)
 
+    def longest_failure_window(self) -> float:
+        """The longest failureWindowSeconds in force, the defaults' or a profile's: how long the extender
+        must keep a failure."""
+        windows = [self.scheduling_for(p.name).failure_window_seconds for p in self.profiles]
+        return float(max([self.scheduling.failure_window_seconds, *windows]))
+
     def allocation_for(
         self, profile: Profile | None, annotations: Mapping[str, str]
     ) -> tuple[Allocation, list[str]]:

@@ -8,7 +8,7 @@ import json
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import pytest
@@ -143,7 +143,7 @@ def test_a_failure_keeps_its_age_from_finished_at_so_a_restart_does_not_renew_it
     container terminated (finishedAt, as the cache reads it from the pod), not from when it was seen."""
     wall = Clock()
     wall.now = 1_800_000_000.0
-    placement = Placement(monotonic=clock, clock=wall, retention=600)
+    placement = Placement(monotonic=clock, clock=wall, retention=lambda: 600)
     terminated = {
         "terminated": {"exitCode": 137, "reason": "OOMKilled", "finishedAt": "2027-01-15T07:50:00Z"}
     }
@@ -330,6 +330,24 @@ def test_node_objects_in_are_node_objects_out_and_field_names_match_case_insensi
         (b'{"NodeNames": []}', "Pod: expected the pod object"),
         (b'{"Pod": {}, "NodeNames": [1]}', "NodeNames: expected a list of node names"),
         (b'{"Pod": {}}', "expected NodeNames (nodeCacheCapable: true) or Nodes (a NodeList)"),
+        (b'{"Pod": {"metadata": ["x"]}, "NodeNames": ["a"]}', "Pod.metadata: expected an object"),
+        (
+            b'{"Pod": {"metadata": {"namespace": ["n"]}}, "NodeNames": []}',
+            "Pod.metadata.namespace: expected a string",
+        ),
+        (
+            b'{"Pod": {"metadata": {"labels": ["x"]}}, "NodeNames": []}',
+            "Pod.metadata.labels: expected a map of strings",
+        ),
+        (
+            b'{"Pod": {"metadata": {"annotations": {"a": 1}}}, "NodeNames": []}',
+            "Pod.metadata.annotations: expected a map of strings",
+        ),
+        (
+            b'{"Pod": {}, "Nodes": {"items": [{"metadata": {"name": 5}}]}}',
+            "Nodes.items[0].metadata.name: expected a string",
+        ),
+        (b'{"Pod": {}, "Nodes": {"items": ["a"]}}', "Nodes.items: expected node objects"),
     ],
 )
 def test_a_malformed_request_is_a_400_saying_what_is_wrong(
@@ -387,3 +405,51 @@ def test_policy_check_shows_the_extender_settings(tmp_path: Path, capsys: pytest
         "executors of 2 apps did, within 60s; packing none, driverZone ignore\n"
     ) in out
     assert "    scheduling: a node is refused to an app after 5 of its" in out and "packing spread" in out
+
+
+def test_a_defect_is_answered_500_and_counted_as_an_error(
+    extender: Extender, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kube-scheduler's HTTPExtender.send: a status other than 200 is the extender's failure (skipped when
+    `ignorable`); an exception must not leave the connection without an answer."""
+
+    def broken(*_: Any) -> Any:
+        raise KeyError("n9")
+
+    monkeypatch.setattr(extender, "filter", broken)
+    code, result = answer(extender, "filter", args(A, ["n1"]))
+    assert code == 500 and result == {"Error": "sparkgate: internal error: KeyError: 'n9'"}
+    assert (
+        extender.metrics.sample(
+            "sparkgate_allocator_extender_requests_total", {"verb": "filter", "outcome": "error"}
+        )
+        == 1
+    )
+
+
+def test_failures_are_kept_for_the_longest_window_of_the_policy_from_the_first_list(clock: Clock) -> None:
+    """After a restart the first list comes before any scheduling request: a failure 20 minutes old is
+    within a one-hour window (a profile's, longer than the defaults') and refuses its node at once."""
+    policy = Policy(
+        """
+apiVersion: sparkgate.io/v1alpha1
+kind: Policy
+scheduling: {failuresPerApp: 1, suspectNodeApps: 5}
+profiles:
+  - name: spark
+    scheduling: {failureWindowSeconds: 3600}
+"""
+    )
+    assert policy.policy.longest_failure_window() == 3600.0
+    wall = Clock()
+    placement = Placement(monotonic=clock, clock=wall, retention=policy.policy.longest_failure_window)
+    placement.nodes_replace([{"metadata": {"name": n}} for n in ("n1", "n2")])
+    placement.observe(
+        None, record(A, "e1", "n1", phase="Failed", reason="OOMKilled", finished=wall.now - 1200)
+    )
+    extender = Extender(placement, cast(Any, policy), AllocatorMetrics())
+    assert answer(extender, "filter", args(A, ["n1", "n2"]))[1]["NodeNames"] == ["n2"]
+    placement.observe(
+        None, record(A, "e2", "n2", phase="Failed", reason="OOMKilled", finished=wall.now - 3700)
+    )
+    assert answer(extender, "filter", args(A, ["n1", "n2"]))[1]["NodeNames"] == ["n2"]  # past every window
