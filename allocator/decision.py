@@ -230,8 +230,9 @@ def _decide_app(
             out.append(
                 _event(key, first, "Warning", "InvalidAnnotation", problem, f"{key}/annotation/{problem}")
             )
+    # An excluded namespace's executors are admitted as they come, on purpose: not bypassed.
     bypassed = [pod for pod in pods if pod.bypassed] if app.counts.bypassed else []
-    if bypassed:
+    if bypassed and not policy.is_excluded(key.namespace):
         # One Event per app, on its driver when known: 500 bypassed pods are one Event whose count is 500.
         on = app.driver or bypassed[0]
         out.append(

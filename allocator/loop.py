@@ -545,13 +545,20 @@ class Controller:
             self.queue.failures(),
             self.histories.unsaved(),
             self.histories.count(),
+            policy.is_excluded if policy else lambda namespace: False,
         )
 
     def apps(self) -> dict[str, Any]:
         status = self.status()
         histories = {k: h for k in status.snapshot.apps if (h := self.histories.view(k)) is not None}
         document = apps_document(
-            status.snapshot, status.settings, status.memory, histories, status.limits, status.backoff
+            status.snapshot,
+            status.settings,
+            status.memory,
+            histories,
+            status.limits,
+            status.backoff,
+            status.excluded,
         )
         document["leader"] = self.elector.leading
         document["identity"] = self.options.identity
@@ -569,4 +576,6 @@ class Controller:
             )
         with self._published:
             settings, memory = self.settings.get(key), self.memory.get(key)
-        return app_document(view, settings, memory, history, self.queue.failures().get(key))
+        policy = self.policy.current()
+        excluded = policy is not None and policy.is_excluded(namespace)
+        return app_document(view, settings, memory, history, self.queue.failures().get(key), excluded)

@@ -33,15 +33,21 @@ class Status:
     backoff: Mapping[AppKey, tuple[int, float]]  # apps with failed writes: (failures, seconds left)
     history_unsaved: int
     histories: int
+    # The policy's excludedNamespaces (Policy.is_excluded): their executors are admitted unchanged on
+    # purpose, so none of them is bypassed. Without a policy, none is excluded.
+    excluded: Callable[[str], bool] = lambda namespace: False
 
 
-def namespace_counts(snapshot: Snapshot) -> tuple[Counter[str], Counter[str]]:
-    """Pods in flight and bypassed pods, per namespace."""
+def namespace_counts(
+    snapshot: Snapshot, excluded: Callable[[str], bool]
+) -> tuple[Counter[str], Counter[str]]:
+    """Pods in flight and bypassed pods, per namespace (none bypassed in an excluded namespace)."""
     in_flight: Counter[str] = Counter()
     bypassed: Counter[str] = Counter()
     for key, view in snapshot.apps.items():
         in_flight[key.namespace] += view.counts.in_flight
-        bypassed[key.namespace] += view.counts.bypassed
+        if view.counts.bypassed and not excluded(key.namespace):
+            bypassed[key.namespace] += view.counts.bypassed
     return in_flight, bypassed
 
 
@@ -84,7 +90,7 @@ class AppsCollector:
             windows.append(entry[3])
             states.append(entry[4])
         self._lines = current
-        in_flight, bypassed = namespace_counts(status.snapshot)
+        in_flight, bypassed = namespace_counts(status.snapshot, status.excluded)
         held_for: Counter[str] = Counter(
             s.missing_source for k, s in status.settings.items() if s.missing_source is not None and k in live
         )
@@ -224,6 +230,7 @@ def app_summary(
     memory: AppMemory | None,
     history: History | None,
     backoff: tuple[int, float] | None = None,
+    excluded: bool = False,
 ) -> dict[str, Any]:
     counts = view.counts
     allocation = settings.allocation if settings else None
@@ -235,7 +242,8 @@ def app_summary(
         "inFlight": counts.in_flight,
         "running": counts.running,
         "failed": counts.failed,
-        "bypassed": counts.bypassed,
+        "bypassed": 0 if excluded else counts.bypassed,
+        "excludedNamespace": excluded,  # excludedNamespaces: admitted unchanged, counted in flight
         "limits": (
             {
                 "batchSize": allocation.batch_size,
@@ -266,11 +274,17 @@ def apps_document(
     histories: Mapping[AppKey, History],
     limits: Mapping[str, int],
     backoff: Mapping[AppKey, tuple[int, float]],
+    excluded: Callable[[str], bool],
 ) -> dict[str, Any]:
-    in_flight, bypassed = namespace_counts(snapshot)
+    in_flight, bypassed = namespace_counts(snapshot, excluded)
     apps = [
         app_summary(
-            snapshot.apps[key], settings.get(key), memory.get(key), histories.get(key), backoff.get(key)
+            snapshot.apps[key],
+            settings.get(key),
+            memory.get(key),
+            histories.get(key),
+            backoff.get(key),
+            excluded(key.namespace),
         )
         for key in sorted(snapshot.apps)
     ]
@@ -293,8 +307,9 @@ def app_document(
     memory: AppMemory | None,
     history: History | None,
     backoff: tuple[int, float] | None = None,
+    excluded: bool = False,
 ) -> dict[str, Any]:
-    document = app_summary(view, settings, memory, history, backoff)
+    document = app_summary(view, settings, memory, history, backoff, excluded)
     document["pods"] = [
         {
             "name": p.name,

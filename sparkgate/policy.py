@@ -125,9 +125,18 @@ class Policy:
     _allocations: dict[tuple[str | None, str | None, str | None], tuple[Allocation, tuple[str, ...]]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    # is_excluded's answers by namespace (asked per app decided and per namespace scraped).
+    _excluded: dict[str, bool] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def is_excluded(self, namespace: str) -> bool:
-        return any(fnmatch.fnmatchcase(namespace, g) for g in self.excluded_namespaces)
+        excluded = self._excluded.get(namespace)
+        if excluded is None:
+            if len(self._excluded) > 100_000:  # namespaces come and go over months: a bounded memo
+                self._excluded.clear()
+            excluded = self._excluded[namespace] = any(
+                fnmatch.fnmatchcase(namespace, g) for g in self.excluded_namespaces
+            )
+        return excluded
 
     def profile_for(
         self, namespace: str, labels: Mapping[str, str], annotations: Mapping[str, str]

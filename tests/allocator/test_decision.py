@@ -219,6 +219,27 @@ def test_budget_never_negative_with_bypassed_pods_and_bypass_is_reported() -> No
     assert warning.message.startswith("8 executor pod(s) of app spark/x were admitted without sparkgate")
 
 
+def test_an_excluded_namespaces_executors_count_in_the_budget_but_are_not_reported_bypassed() -> None:
+    """docs/policy.md: excludedNamespaces are admitted unchanged on purpose (no BypassedWebhook Event);
+    their pods in flight still load the scheduler, so they count toward maxPendingCluster."""
+    p = load_policy(
+        """
+apiVersion: sparkgate.io/v1alpha1
+kind: Policy
+allocation: {batchSize: 10, maxPendingPerApp: 20, maxPendingCluster: 10}
+caps: {batchSize: 50, maxPendingPerApp: 100}
+excludedNamespaces: [batch-*]
+profiles:
+  - name: p
+"""
+    )
+    unshaped = [pod("x", i, ns="batch-etl", gated=False, profile=None) for i in range(1, 9)]
+    waiting = [pod("a", i) for i in range(1, 5)]
+    d = decide(snap(view("x", unshaped, ns="batch-etl"), view("a", waiting)), p, 100.0, {})
+    assert released(d) == ["a-exec-1", "a-exec-2"]  # 8 of the cluster's 10 are taken
+    assert [a for a in d.actions if isinstance(a, Event) and a.reason == "BypassedWebhook"] == []
+
+
 def test_same_app_id_in_two_namespaces_are_two_apps() -> None:
     a1 = view("a", [pod("a", i, ns="ns1") for i in range(1, 4)], ns="ns1")
     a2 = view("a", [pod("a", i, ns="ns2", gated=False) for i in range(1, 4)], ns="ns2")

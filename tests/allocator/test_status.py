@@ -30,6 +30,7 @@ from .test_dispatch import executor as gated_executor
 POLICY = """
 apiVersion: sparkgate.io/v1alpha1
 kind: Policy
+excludedNamespaces: ["batch-*"]
 scheduling: {failuresPerApp: 3, suspectNodeApps: 3, failureWindowSeconds: 600}
 profiles:
   - name: spark
@@ -96,3 +97,30 @@ def test_a_follower_reports_each_apps_profile_and_the_nodes_refused_by_its_setti
     assert [(e["node"], e["scope"]) for e in apps["app-s"]["excludedNodes"]] == [("n1", "app")]
     with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/apps/spark/app-t", timeout=30) as response:
         assert json.load(response)["profile"] == "tolerant"
+
+
+def test_an_excluded_namespaces_executors_are_not_bypassed(follower: tuple[Allocator, StatusServer]) -> None:
+    """docs/policy.md: executor pods of an excluded namespace are admitted unchanged, on purpose: /apps and
+    the bypassed gauge do not count them as admitted without sparkgate (SparkgateWebhookBypassed would fire
+    for as long as Spark runs there); ungated pods elsewhere without sparkgate's annotation still are."""
+    allocator, server = follower
+    c = allocator.controller
+    c.cache.pods_replace([])
+    for namespace in ("batch-etl", "spark"):
+        pod = executor("app-x", 1, "spark")
+        del pod["metadata"]["annotations"][contract.ANNOTATION_PROFILE]  # admitted unchanged
+        pod["metadata"]["namespace"] = namespace
+        pod["metadata"]["uid"] = f"uid-{namespace}"
+        c.cache.pod_event("ADDED", pod)
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/apps", timeout=30) as response:
+        document = json.load(response)
+    apps = {a["namespace"]: a for a in document["apps"]}
+    assert (apps["batch-etl"]["bypassed"], apps["batch-etl"]["excludedNamespace"]) == (0, True)
+    assert (apps["spark"]["bypassed"], apps["spark"]["excludedNamespace"]) == (1, False)
+    assert document["cluster"]["bypassedByNamespace"] == {"spark": 1}
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/apps/batch-etl/app-x", timeout=30) as r:
+        assert json.load(r)["excludedNamespace"] is True
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    assert 'sparkgate_allocator_bypassed_pods{namespace="spark"} 1.0' in text
+    assert 'sparkgate_allocator_bypassed_pods{namespace="batch-etl"} 0.0' in text
