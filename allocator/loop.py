@@ -354,7 +354,8 @@ class Controller:
         self._observe(observed, None)
         live = {key for key in observed.apps if key not in self.ended}
         self.queue.forget(set(observed.apps))
-        self.metrics.forget_namespaces({key.namespace for key in live})
+        # Ended apps' namespaces too: their pods are still counted (deletions, removals) until they go.
+        self.metrics.forget_namespaces({key.namespace for key in observed.apps}, self.clock())
         for key in self._held.keys() - live:
             self._hold(key, None)
         if len(self.memory) > len(live) or len(self.settings) > len(live):

@@ -72,8 +72,13 @@ EXTENDER_BUCKETS = (
 FAST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
+# Seconds a namespace's per-namespace series outlive its last app: longer than a few scrape intervals and
+# Prometheus's 5-minute lookback, so the last increments of a namespace whose apps all ended are scraped.
+NAMESPACE_GRACE_SECONDS = 600.0
+
+
 class AllocatorMetrics:
-    def __init__(self) -> None:
+    def __init__(self, *, namespace_grace: float = NAMESPACE_GRACE_SECONDS) -> None:
         r = self.registry = CollectorRegistry()
         self.releases = Counter(
             "sparkgate_allocator_releases",
@@ -238,14 +243,17 @@ class AllocatorMetrics:
             registry=r,
         )
         for verb in ("filter", "prioritize"):
-            for outcome in ("ok", "not_executor", "no_policy", "bad_request"):
+            for outcome in ("ok", "not_executor", "no_policy", "bad_request", "error"):
                 self.extender_requests.labels(verb, outcome)
         self.extender_requests.labels("filter", "fallback")
         for scope in ("app", "node"):
             for reason in ("oom_killed", "evicted", "exit_code", "rejected"):
                 self.extender_excluded.labels(scope, reason)
-        # Namespaces that may have per-namespace series (added where a series is written; pruned by the loop).
+        # Namespaces that may have per-namespace series (added where a series is written; pruned by the loop
+        # once they have had no app for `namespace_grace` seconds: `_absent` says since when).
         self.namespaces: set[str] = set()
+        self.namespace_grace = namespace_grace
+        self._absent: dict[str, float] = {}
         # Held while a per-namespace series is written (`in_namespace`) and while they are forgotten, so that
         # a series is never written between its removal and its namespace's: it would stay for good.
         self._namespaces_lock = threading.Lock()
@@ -286,17 +294,30 @@ class AllocatorMetrics:
         """Write a per-namespace series inside this (any thread): the namespace is known, and not forgotten
         meanwhile."""
         with self._namespaces_lock:
-            self.namespaces.add(namespace)
+            if namespace not in self.namespaces:
+                self.namespaces.add(namespace)
+                # The counters from 0, so that rate() and increase() see the namespace's first increment.
+                self.releases.labels(namespace)
+                self.write_failures.labels(namespace)
+            self._absent.pop(namespace, None)
             yield
 
-    def forget_namespaces(self, live: set[str]) -> None:
-        """Remove every per-namespace series of the namespaces with no app left (their counters start again
-        from zero if an app comes back: Prometheus's rate() and increase() take that as a reset)."""
+    def forget_namespaces(self, live: set[str], now: float) -> None:
+        """Remove every per-namespace series of the namespaces that have had no app for the grace period
+        (their counters start again from zero if an app comes back: Prometheus's rate() and increase() take
+        that as a reset). `live`: the namespaces with an app now, ended or not; `now`: the loop's clock."""
         with self._namespaces_lock:
-            self._forget_namespaces(live)
+            for namespace in live:
+                self._absent.pop(namespace, None)
+            gone = set()
+            for namespace in self.namespaces - live:
+                since = self._absent.setdefault(namespace, now)
+                if now - since >= self.namespace_grace:
+                    gone.add(namespace)
+            self._forget_namespaces(gone)
 
-    def _forget_namespaces(self, live: set[str]) -> None:
-        for namespace in self.namespaces - live:
+    def _forget_namespaces(self, gone: set[str]) -> None:
+        for namespace in gone:
             for metric in (
                 self.releases,
                 self.gate_wait,
@@ -308,7 +329,8 @@ class AllocatorMetrics:
             for reason in DeletionReason:
                 with contextlib.suppress(KeyError):
                     self.deletions.remove(namespace, reason.value)
-        self.namespaces &= live
+            self._absent.pop(namespace, None)
+        self.namespaces -= gone
 
     def on_reload(self, result: str, error: str | None) -> None:
         self.policy_reloads.labels(result).inc()

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from allocator import status as status_module
 from allocator.decision import AppSettings
-from allocator.metrics import AllocatorMetrics, RegistryText
+from allocator.metrics import NAMESPACE_GRACE_SECONDS, AllocatorMetrics, RegistryText
 from allocator.model import AppMemory, AppView, PodRecord, Snapshot
 from allocator.pacing import Reason, Window
 from allocator.status import AppsCollector, Status
@@ -176,7 +176,9 @@ def test_the_registry_s_text_is_prometheus_clients_and_keeps_only_live_series() 
     assert text.exposition() == generate_latest(metrics.registry)
     metrics.releases.labels("spark-team-003").inc(0.5)
     metrics.gate_wait.labels("spark-team-004").observe(float("inf"))
-    metrics.forget_namespaces({f"spark-team-{i:03d}" for i in range(10)})
+    metrics.forget_namespaces({f"spark-team-{i:03d}" for i in range(10)}, 0.0)
+    assert text.exposition() == generate_latest(metrics.registry)  # absent, not yet forgotten
+    metrics.forget_namespaces({f"spark-team-{i:03d}" for i in range(10)}, NAMESPACE_GRACE_SECONDS)
     after = text.exposition()
     assert after == generate_latest(metrics.registry) and b"spark-team-010" not in after
     samples = [line for line in after.decode().splitlines() if not line.startswith("#")]
@@ -205,10 +207,10 @@ def test_a_namespace_is_not_forgotten_between_its_addition_and_a_write_of_its_se
     """Per-namespace series are written by the actor's, the reflector's and the loop's threads and forgotten
     by the loop when no app of the namespace is left: a series written after its namespace's removal would
     stay for good (nothing adds the namespace back). The write and the forgetting exclude each other."""
-    metrics = AllocatorMetrics()
+    metrics = AllocatorMetrics(namespace_grace=0.0)
     forgetting = threading.Event()
     with metrics.in_namespace("gone"):
-        loop = threading.Thread(target=lambda: (forgetting.set(), metrics.forget_namespaces(set())))
+        loop = threading.Thread(target=lambda: (forgetting.set(), metrics.forget_namespaces(set(), 0.0)))
         loop.start()
         assert forgetting.wait(10)
         metrics.releases.labels("gone").inc()  # the forgetting waits for this write
@@ -216,3 +218,31 @@ def test_a_namespace_is_not_forgotten_between_its_addition_and_a_write_of_its_se
     assert not loop.is_alive()
     assert "gone" not in metrics.namespaces
     assert metrics.sample("sparkgate_allocator_releases_total", {"namespace": "gone"}) is None
+
+
+def test_a_namespace_without_apps_keeps_its_series_for_the_grace_period() -> None:
+    """A namespace whose last app ended keeps its per-namespace series for NAMESPACE_GRACE_SECONDS, so the
+    increments of its end (app_finished deletions, the last releases) are scraped before they go; an app
+    or a write meanwhile keeps it. A namespace's counters exist from 0 from its first write, so rate()
+    sees its first increment."""
+    metrics = AllocatorMetrics()
+    with metrics.in_namespace("spark"):
+        metrics.deletions.labels("spark", "app_finished").inc()
+    assert metrics.sample("sparkgate_allocator_releases_total", {"namespace": "spark"}) == 0.0
+    metrics.forget_namespaces(set(), 100.0)
+    metrics.forget_namespaces(set(), 100.0 + NAMESPACE_GRACE_SECONDS - 1)
+    assert (
+        metrics.sample(
+            "sparkgate_allocator_deletions_total", {"namespace": "spark", "reason": "app_finished"}
+        )
+        == 1.0
+    )
+    with metrics.in_namespace("spark"):  # a write: the namespace is busy again
+        metrics.releases.labels("spark").inc()
+    metrics.forget_namespaces(set(), 100.0 + NAMESPACE_GRACE_SECONDS + 1)
+    assert metrics.sample("sparkgate_allocator_releases_total", {"namespace": "spark"}) == 1.0
+    metrics.forget_namespaces({"spark"}, 2000.0)  # an app again
+    metrics.forget_namespaces(set(), 3000.0)
+    metrics.forget_namespaces(set(), 3000.0 + NAMESPACE_GRACE_SECONDS)
+    assert metrics.sample("sparkgate_allocator_releases_total", {"namespace": "spark"}) is None
+    assert "spark" not in metrics.namespaces
