@@ -12,8 +12,8 @@ lists the cluster and reads the histories, as a new leader does) and leads the t
 The stand-ins, in this process, no HTTP:
 - `Cluster` answers the allocator's requests as kube-apiserver does: the gate removal is a JSON Patch applied
   to the stored pod's scheduling gates (a failed `test` answered 422 as kube-apiserver answers it), a
-  deletion honours its uid precondition (409) and deletes an unbound pod at once, a bound one gracefully
-  (deletionTimestamp, then DELETED once the kubelet reports it), creations of ConfigMaps and Events answer
+  deletion honours its uid precondition (409) and sets the pod's deletionTimestamp (MODIFIED), then deletes
+  an unbound or terminated pod at once (grace 0), a bound one once the kubelet reports it (DELETED), creations of ConfigMaps and Events answer
   AlreadyExists, an Event PATCH answers 404 when the Event is unknown. Every accepted write appends the
   resulting watch event (the stored object with its new resourceVersion, serialized in one line) to the
   streams of the watchers whose selector matches; a reflector's `watch()` yields those lines as `Kube.watch`
@@ -214,6 +214,7 @@ class PodState:
     phase: str = "Pending"
     node: str | None = None
     deleting: str | None = None  # deletionTimestamp
+    grace: int = 30  # deletionGracePeriodSeconds, once deleting
     releases: int = 0  # gate removals accepted
 
     @property
@@ -286,7 +287,7 @@ class Template:
             "driver": f'"{pod.driver}"',
             "driver_uid": f'"{pod.driver_uid}"',
             "deletion": (
-                f'"deletionTimestamp":"{pod.deleting}","deletionGracePeriodSeconds":30,'
+                f'"deletionTimestamp":"{pod.deleting}","deletionGracePeriodSeconds":{pod.grace},'
                 if pod.deleting
                 else ""
             ),
@@ -610,9 +611,10 @@ class Cluster:
 
     def delete(self, path: str, *, preconditions: Any = None, grace_period: int | None = None) -> Obj:
         """A pod: the uid precondition (409 as kube-apiserver words it, kubesim/store.py
-        `_check_preconditions`); an unbound or terminated pod goes at once, a bound one gets a
-        deletionTimestamp and goes when its kubelet reports it (pkg/registry/core/pod/strategy.go
-        `CheckGracefulDelete`, kubesim/podrules.py `grace_period`). A ConfigMap goes at once."""
+        `_check_preconditions`); every pod gets a deletionTimestamp first (MODIFIED), then an unbound or
+        terminated one (grace 0) goes at once (DELETED) and a bound one when its kubelet reports it
+        (pkg/registry/core/pod/strategy.go `CheckGracefulDelete`, registry/rest/delete.go `BeforeDelete`:
+        two writes, as kubesim/store.py deletes). A ConfigMap goes at once."""
         namespace, resource, name = self._path(path)
         with self.lock:
             self.writes[f"delete {resource}"] += 1
@@ -645,14 +647,15 @@ class Cluster:
         if pod.deleting is not None:
             return
         before = pod.in_flight
-        pod.deleting = stamp(time.time() + 30)
+        pod.grace = 0 if pod.node is None or pod.phase in ("Succeeded", "Failed") else 30
+        pod.deleting = stamp(time.time() + pod.grace)
         self._track(pod, before)
         if pod.executor and pod.phase != "Running":
             self.unstarted -= 1
-        if pod.node is None or pod.phase in ("Succeeded", "Failed"):
+        self.emit_pod("MODIFIED", pod)
+        if pod.grace == 0:
             self._remove(pod)
         else:
-            self.emit_pod("MODIFIED", pod)
             self.terminating.append(pod)
 
     def _remove(self, pod: PodState) -> None:

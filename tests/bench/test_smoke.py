@@ -119,7 +119,9 @@ def test_scale(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
         events = size["pod_events"]
         assert size["events"] == sum(events.values()) > 0
         assert events["executor ADDED"] == events["executor DELETED"] == created
-        assert events["driver ADDED"] == events["driver MODIFIED"] == events["driver DELETED"] == apps
+        # A driver: ADDED, Succeeded (MODIFIED), its deletion's deletionTimestamp (MODIFIED), DELETED.
+        assert events["driver ADDED"] == events["driver DELETED"] == apps
+        assert events["driver MODIFIED"] == 2 * apps
         # Each executor alive at the peak: its gate removal, its bind, its start and its graceful deletion.
         assert events["executor MODIFIED"] >= 4 * pods
         assert size["released_twice"] == 0 and size["released"] + size["deleted_while_gated"] == created
