@@ -9,8 +9,11 @@ Failed or gone. A create that would pass a quota's `status.hard` is refused with
 without that request or limit with `failed quota: NAME: must specify ...`. The store runs the check inside
 its write lock, so concurrent creates cannot both take the last unit (the real plugin gets the same
 guarantee from a compare-and-swap on the quota), and recomputes `status.used` after every pod change, as a
-prompt quota controller would. Not implemented: quota scopes and scopeSelector, object counts of other
-resources, extended resources and hugepages, quota on pod updates (in-place resize).
+prompt quota controller would. A quota with `scopes` or a `scopeSelector` charges only the pods they match
+(pkg/quota/v1/evaluator/core/pods.go `podMatchesScopeFunc`: Terminating, NotTerminating, BestEffort,
+NotBestEffort, and PriorityClass with In, NotIn, Exists, DoesNotExist on spec.priorityClassName; every scope
+must match). Not implemented: the CrossNamespacePodAffinity scope (it matches no pod here), object counts of
+other resources, extended resources and hugepages, quota on pod updates (in-place resize).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any
 
-from . import quantities
+from . import podrules, quantities
 from .errors import ApiError, forbidden
 
 Obj = dict[str, Any]
@@ -56,12 +59,38 @@ def usage(pod: Obj) -> Usage:
     return out
 
 
+def in_scope(quota: Obj, pod: Obj) -> bool:
+    """Whether the quota charges the pod: every scope of `scopes` and of `scopeSelector` matches it."""
+    spec = quota.get("spec") or {}
+    scopes = [{"scopeName": name, "operator": "Exists"} for name in spec.get("scopes") or []]
+    scopes += (spec.get("scopeSelector") or {}).get("matchExpressions") or []
+    return all(_scope_matches(scope, pod) for scope in scopes)
+
+
+def _scope_matches(scope: Obj, pod: Obj) -> bool:
+    spec = pod.get("spec") or {}
+    name = scope.get("scopeName")
+    if name in ("Terminating", "NotTerminating"):
+        deadline = spec.get("activeDeadlineSeconds")
+        return (deadline is not None and int(deadline) >= 0) == (name == "Terminating")
+    if name in ("BestEffort", "NotBestEffort"):
+        return (podrules.qos_class(pod) == "BestEffort") == (name == "BestEffort")
+    if name == "PriorityClass":
+        # `podMatchesSelector`: a label selector over {"PriorityClass": spec.priorityClassName}, a key always
+        # present (empty without a class): DoesNotExist never matches; Exists is a non-empty class.
+        value, values = spec.get("priorityClassName") or "", scope.get("values") or []
+        return {"In": value in values, "NotIn": value not in values, "Exists": bool(value)}.get(
+            str(scope.get("operator")), False
+        )
+    return False
+
+
 def used(quota: Obj, pods: Iterable[Obj]) -> dict[str, str]:
     """status.used for `quota`: every hard resource, summed over the namespace's charged pods."""
     hard = _hard(quota)
     total = {name: Decimal(0) for name in hard}
     for pod in pods:
-        if counts(pod):
+        if counts(pod) and in_scope(quota, pod):
             for name, value in usage(pod).items():
                 if name in total:
                     total[name] += value
@@ -70,6 +99,8 @@ def used(quota: Obj, pods: Iterable[Obj]) -> dict[str, str]:
 
 def check(quota: Obj, pod: Obj) -> None:
     """ApiError 403 when creating `pod` would pass the quota."""
+    if not in_scope(quota, pod):
+        return
     name = str(quota["metadata"].get("name", ""))
     hard = _hard(quota)
     pod_name = str(pod["metadata"].get("name", ""))

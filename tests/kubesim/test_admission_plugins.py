@@ -403,6 +403,39 @@ def test_quota_on_cpu_requests(cluster: Cluster, core: client.CoreV1Api) -> None
     )
 
 
+def test_a_scoped_quota_charges_only_the_pods_its_scopes_match(
+    cluster: Cluster, core: client.CoreV1Api
+) -> None:
+    """pkg/quota/v1/evaluator/core/pods.go `podMatchesScopeFunc`: a quota scoped to a PriorityClass (the one
+    GKE asks of namespaces running system-cluster-critical pods, manifests/base/priority-quota.yaml) charges
+    and refuses only pods of that class; `scopes: [BestEffort]` only pods without requests or limits."""
+    critical = {"scopeName": "PriorityClass", "operator": "In", "values": ["system-cluster-critical"]}
+    core.create_namespaced_resource_quota(
+        "spark",
+        {
+            "metadata": {"name": "critical"},
+            "spec": {"hard": {"pods": "1"}, "scopeSelector": {"matchExpressions": [critical]}},
+        },
+    )
+    core.create_namespaced_resource_quota(
+        "spark",
+        {"metadata": {"name": "besteffort"}, "spec": {"hard": {"pods": "5"}, "scopes": ["BestEffort"]}},
+    )
+    core.create_namespaced_pod("spark", pod("plain-1"))  # requests cpu: neither quota's
+    core.create_namespaced_pod("spark", pod("c1", priorityClassName="system-cluster-critical"))
+    with pytest.raises(client.ApiException) as e:
+        core.create_namespaced_pod("spark", pod("c2", priorityClassName="system-cluster-critical"))
+    assert refusal(e) == (
+        403,
+        'pods "c2" is forbidden: exceeded quota: critical, requested: pods=1, used: pods=1, limited: pods=1',
+    )
+    core.create_namespaced_pod("spark", pod("plain-2"))
+    bare = {"metadata": {"name": "bare"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    core.create_namespaced_pod("spark", bare)
+    assert core.read_namespaced_resource_quota("critical", "spark").status.used == {"pods": "1"}
+    assert core.read_namespaced_resource_quota("besteffort", "spark").status.used == {"pods": "1"}
+
+
 # --- PodTopologyLabels --------------------------------------------------------------------------------
 
 
