@@ -55,7 +55,8 @@ def _lifetime_options(p: argparse.ArgumentParser) -> None:
         ("--ca-renew-before", "SPARKGATE_CA_RENEW_BEFORE", defaults.ca_renew_before, "stage a new CA this long before the CA expires"),
         ("--serving-lifetime", "SPARKGATE_SERVING_LIFETIME", defaults.serving, "serving certificate lifetime"),
         ("--serving-renew-before", "SPARKGATE_SERVING_RENEW_BEFORE", defaults.serving_renew_before, "renew the serving certificate this long before it expires"),
-        ("--ca-overlap", "SPARKGATE_CA_OVERLAP", defaults.overlap, "how long old and new CA are both trusted around a switch"),
+        ("--ca-overlap", "SPARKGATE_CA_OVERLAP", defaults.overlap, "how long a new CA is trusted before the serving certificate switches to it"),
+        ("--ca-keep-previous", "SPARKGATE_CA_KEEP_PREVIOUS", defaults.keep_previous, "how long the old CA stays trusted after the switch"),
     ):  # fmt: skip
         raw = env(variable)
         p.add_argument(
@@ -70,6 +71,7 @@ def lifetimes_from(args: argparse.Namespace) -> Lifetimes:
         serving=args.serving_lifetime,
         serving_renew_before=args.serving_renew_before,
         overlap=args.ca_overlap,
+        keep_previous=args.ca_keep_previous,
     )
 
 

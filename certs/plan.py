@@ -10,9 +10,10 @@ The webhook's TLS material lives in one Secret (type kubernetes.io/tls) in the i
 The trust bundle (what every webhook's `caBundle` must hold) is ca.crt + ca-next.crt + ca-previous.crt.
 A CA rollover never fails an admission because its steps are ordered by what the API server already trusts:
 stage the new CA (bundle = old + new); switch the serving certificate to it only once every webhook's
-caBundle holds it and `overlap` has passed; keep the old CA in the bundle for `overlap` after the switch,
-so that replicas still serving the old certificate (a Secret volume takes a minute or two to update) keep
-working; then drop it. Renewing the serving certificate under the same CA needs no bundle change.
+caBundle holds it and `overlap` has passed; keep the old CA in the bundle for `keep_previous` after the
+switch, so that replicas still serving the old certificate keep working (a Secret volume takes a minute or
+two to update, and one on a node whose kubelet is down or cut off is not updated until it is back; the old
+CA, valid for about a year more, costs nothing to trust meanwhile); then drop it. Renewing the serving certificate under the same CA needs no bundle change.
 
 Times are read from the certificates themselves (issue time = notBefore + pki.BACKDATE), so the Secret
 needs no bookkeeping fields and the plan is a function of (Secret data, caBundles, now, lifetimes).
@@ -46,6 +47,7 @@ class Lifetimes:
     serving: dt.timedelta = dt.timedelta(days=90)
     serving_renew_before: dt.timedelta = dt.timedelta(days=30)
     overlap: dt.timedelta = dt.timedelta(minutes=10)
+    keep_previous: dt.timedelta = dt.timedelta(days=7)
 
 
 class Step(enum.Enum):
@@ -152,7 +154,7 @@ def secret_steps(
     previous = _single(data, PREVIOUS_CRT)
     serving = _single(data, TLS_CRT)
     if previous is not None:
-        settled = serving is not None and now - issued_at(serving) >= lifetimes.overlap
+        settled = serving is not None and now - issued_at(serving) >= lifetimes.keep_previous
         if settled or previous.not_valid_after_utc <= now:
             steps.append(Step.DROP_PREVIOUS_CA)
     if _serving_needs_renewal(data, dns_names, now, lifetimes):

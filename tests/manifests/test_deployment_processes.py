@@ -53,14 +53,15 @@ SHORT = {  # what an overlay would set to make rotation happen within the test
     "SPARKGATE_CA_RENEW_BEFORE": "30s",  # a new CA staged 10 s after each CA is made
     "SPARKGATE_SERVING_LIFETIME": "20s",
     "SPARKGATE_SERVING_RENEW_BEFORE": "12s",  # the serving certificate renewed 8 s after it is made
-    # Old and new CA both trusted for 5 s around a switch: switch 5 s after the staging, drop 5 s after the
-    # switch. It is the time the Secret-volume sync thread below and the webhook (which checks its files on
+    # Old and new CA both trusted for 5 s around a switch: switch 5 s after the staging (overlap), drop 5 s
+    # after the switch (keep previous). It is the time the Secret-volume sync thread below and the webhook (which checks its files on
     # every connection) have to serve the new certificate before the old CA leaves the caBundle; a webhook
     # still serving a certificate of a dropped CA is a silent bypass under failurePolicy Ignore, and a busy
     # machine can stall this process's threads for a few seconds. It stays below the 8 s between serving
     # renewals (a renewal restarts the wait for the drop) and the 10 s between stagings (a due switch
     # comes before the drop).
     "SPARKGATE_CA_OVERLAP": "5s",
+    "SPARKGATE_CA_KEEP_PREVIOUS": "5s",
     "SPARKGATE_CERTS_INTERVAL": "0.5",
 }
 Obj = dict[str, Any]

@@ -176,7 +176,7 @@ def test_ca_rollover_during_a_stream_of_pod_creations_fails_no_admission(
         after_more(5)
         # Every webhook trusts the new CA: the serving certificate switches to it. The webhook keeps
         # serving the old one until its Secret volume is updated, which the old CA in the bundle covers.
-        fast = Lifetimes(overlap=dt.timedelta(0))
+        fast = Lifetimes(overlap=dt.timedelta(0), keep_previous=dt.timedelta(0))
         assert install.sync(fast) == (Step.SWITCH_CA,)
         after_more(5)
         install.mount_secret()
