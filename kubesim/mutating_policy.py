@@ -9,8 +9,9 @@ patch/smd.go) and policy/generic (policy_dispatcher.go), with the behaviour meas
 - A policy applies when its `matchConstraints` (resourceRules, excludeResourceRules, namespaceSelector,
   objectSelector; `matchPolicy` changes nothing here, kubesim serves one version of each resource) match and
   a binding names it (`policyName`) whose `matchResources`, if any, match too; then, per parameter object,
-  its `matchConditions` must all be true. Policies run in name order, their bindings in name order (the
-  real order comes from informer caches: not verified).
+  its `matchConditions` must all be true. Policies run in name order, their bindings in name order; the
+  real order is unspecified (policy/generic/policy_source.go `calculatePolicyData` ranges over a Go map,
+  and it may change at each refresh), so nothing may depend on it.
 - `paramKind` + the binding's `paramRef` (`name`, or `selector`; `namespace`, else the request's for a
   namespaced kind; `parameterNotFoundAction: Deny` refuses when none is found): one invocation per
   parameter object, offered as `params`.
