@@ -69,7 +69,7 @@ def in_scope(quota: Obj, pod: Obj) -> bool:
 
 def _scope_matches(scope: Obj, pod: Obj) -> bool:
     spec = pod.get("spec") or {}
-    name = scope.get("scopeName")
+    name = str(scope.get("scopeName"))
     if name in ("Terminating", "NotTerminating"):
         deadline = spec.get("activeDeadlineSeconds")
         return (deadline is not None and int(deadline) >= 0) == (name == "Terminating")
