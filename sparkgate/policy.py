@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -361,12 +362,18 @@ DEFAULT_ALLOCATION: dict[str, Any] = {
 
 def load_policy(text: str, install_namespace: str = contract.INSTALL_NAMESPACE) -> Policy:
     """Parse and validate a policy document, or raise PolicyError listing every problem."""
+    loader = yaml.SafeLoader(text)
     try:
-        document = yaml.safe_load(text)
+        document = loader.get_single_data()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "(document)"
         raise PolicyError([f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}"]) from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        mark = loader.get_mark()
+        raise PolicyError([f"line {mark.line + 1}, column {mark.column + 1}: nested too deeply"]) from None
+    finally:
+        loader.dispose()
     if document is None:
         document = {}
     r = _Reader()
@@ -578,9 +585,26 @@ def _read_template(r: _Reader, value: object) -> dict[str, Any]:
     for path, reason in REFUSED_TEMPLATE_FIELDS.items():
         if resolve(value, path)[0]:
             r.error(f"a template may not set this: {reason}", at=".".join(path))
-    for key in sorted(REFUSED_LABELS.keys() & ((value.get("metadata") or {}).get("labels") or {}).keys()):
-        r.error(f"a template may not set this label: {REFUSED_LABELS[key]}", at=f"metadata.labels.{key}")
+    labels = resolve(value, ("metadata", "labels"))[1]
+    if isinstance(labels, dict):  # anything else is reported above, against the Pod schema
+        for key in sorted(REFUSED_LABELS.keys() & labels.keys()):
+            r.error(f"a template may not set this label: {REFUSED_LABELS[key]}", at=f"metadata.labels.{key}")
+    _check_finite(r, value)
     return value
+
+
+def _check_finite(r: _Reader, value: object) -> None:
+    """YAML's .nan and .inf are floats that JSON cannot carry: in a patch, the API server refuses it whole."""
+    if isinstance(value, float) and not math.isfinite(value):
+        r.error(f"expected a finite number, got {value}")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            with r.at(str(key)):
+                _check_finite(r, item)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            with r.at(f"[{i}]"):
+                _check_finite(r, item)
 
 
 # --- what a template must never set ----------------------------------------------------------------

@@ -3,7 +3,9 @@
 Both the webhook and the allocator read the policy from a ConfigMap volume. Kubernetes updates such a
 volume by swapping a `..data` symlink, so the file's own path keeps its name while the resolved file
 changes: the check looks at the resolved file's identity (device, inode, mtime, size). A new document that
-does not load is refused with its error kept and reported; the previous policy stays in force.
+does not load is refused with its error kept and reported once (each refused file, even one failing with
+the same error as the last); the previous policy stays in force. Any exception from loading is a refusal:
+an unexpected one (a defect of the loader) is logged with its traceback, never raised to the caller.
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ class PolicySource:
         except PolicyError as e:
             self._refuse(identity, "; ".join(e.errors))
             return
+        except Exception as e:
+            self._refuse(identity, f"{type(e).__name__}: {e}", exc=e)
+            return
         self._identity = identity
         self._policy = policy
         self.generation += 1
@@ -77,13 +82,16 @@ class PolicySource:
         if self._on_reload is not None:
             self._on_reload("success", None)
 
-    def _refuse(self, identity: tuple[int, int, int, int] | None, error: str) -> None:
-        if identity is not None:
-            self._identity = identity  # do not re-parse the same bad file every second
-        if error == self.last_error:
-            return
+    def _refuse(
+        self, identity: tuple[int, int, int, int] | None, error: str, exc: Exception | None = None
+    ) -> None:
+        """Refuse a file (None: one that cannot be read); reported once per file identity and error."""
+        repeated = (identity, error) == (self._identity, self.last_error)
+        self._identity = identity  # do not re-parse the same bad file every second
         self.last_error = error
+        if repeated:
+            return
         kept = "the last good policy stays in force" if self._policy else "no policy is in force yet"
-        log.error("policy %s refused (%s): %s", self.path, kept, error)
+        log.error("policy %s refused (%s): %s", self.path, kept, error, exc_info=exc)
         if self._on_reload is not None:
             self._on_reload("failure", error)

@@ -1,9 +1,10 @@
 """The webhook's HTTP surface: a Flask app doing JSON in and out around the pure mutation.
 
 `POST /mutate` and `POST /validate` take and return AdmissionReview `admission.k8s.io/v1`, echoing the
-request uid. A body that is not an AdmissionReview gets a 400 (413 when over 3 MiB) whose text says what
-is wrong; an unexpected error while mutating gives "allowed, no patch", a log line naming the pod, and a
-metric, because a denied executor pod is an executor failure to Spark (docs/architecture.md).
+request uid. A body that is not an AdmissionReview gets a 400 (413 when over 8 MiB, 408 when the client
+stops sending it for BODY_TIMEOUT) whose text says what is wrong; an unexpected error while mutating gives
+"allowed, no patch", a log line naming the pod, and a metric, because a denied executor pod is an executor
+failure to Spark (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from collections.abc import Callable
 from typing import Any
 
 from flask import Flask, Response, request
+from werkzeug.exceptions import ClientDisconnected
 
 from sparkgate import contract
 from sparkgate.mutation import mutate, validate_update
 from sparkgate.policy_file import PolicySource
 
 from . import metrics
-from .review import MAX_BODY, BadReview, parse_review, review_response
+from .review import BODY_TIMEOUT, MAX_BODY, BadReview, parse_review, review_response
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +42,14 @@ def create_app(
         try:
             if request.content_length is not None and request.content_length > MAX_BODY:
                 return _refuse(endpoint, 413, f"the body is larger than {MAX_BODY} bytes")
-            body = request.get_data(cache=False)
+            try:
+                body = _read_body()
+            except ClientDisconnected:
+                return _refuse(
+                    endpoint,
+                    408,
+                    f"the body did not arrive: nothing came for {BODY_TIMEOUT:g} s, or the client left",
+                )
             if len(body) > MAX_BODY:
                 return _refuse(endpoint, 413, f"the body is larger than {MAX_BODY} bytes")
             try:
@@ -60,13 +69,15 @@ def create_app(
             return "error", {"allowed": True}
         try:
             result = mutate(req, current)
+            # allow_nan=False: NaN and Infinity are no JSON, and the API server would refuse the patch
+            patch = json.dumps(result.ops, allow_nan=False).encode()
         except Exception:
             log.exception("mutating %s failed; admitting it unchanged", _pod_ref(req))
             return "error", {"allowed": True}
         response: dict[str, Any] = {"allowed": True}
         if result.ops:
             response["patchType"] = "JSONPatch"
-            response["patch"] = base64.b64encode(json.dumps(result.ops).encode()).decode()
+            response["patch"] = base64.b64encode(patch).decode()
         return result.outcome.value, response
 
     def handle_validate(req: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -99,9 +110,9 @@ def create_app(
 
     @app.get("/metrics")
     def metrics_view() -> Response:
-        loaded = policy.current() is not None
-        metrics.POLICY_LOADED.set(1 if loaded else 0)
-        metrics.POLICY_GENERATION.set(policy.generation)
+        # The policy file checked here too (its gauges and counts are set by the reload hook): an idle
+        # webhook, with no admission to check it, still counts a refused edit within a scrape interval.
+        policy.current()
         body, content_type = metrics.exposition()
         return Response(body, content_type=content_type)
 
@@ -110,6 +121,15 @@ def create_app(
         return _refuse(request.path.strip("/") or "unknown", 413, f"the body is larger than {MAX_BODY} bytes")
 
     return app
+
+
+def _read_body() -> bytes:
+    """The request body. Under gunicorn, each read waits at most BODY_TIMEOUT: gunicorn's own `timeout`
+    does not cover a thread blocked on a client that stopped sending (its main thread still heartbeats)."""
+    sock = request.environ.get("gunicorn.socket")
+    if sock is not None:
+        sock.settimeout(BODY_TIMEOUT)
+    return request.get_data(cache=False)
 
 
 def _refuse(endpoint: str, status: int, message: str) -> Response:

@@ -56,6 +56,8 @@ POLICY_RELOADS = Counter(
     "Policy file loads by result (success, failure); a failure keeps the last good policy in force.",
     ["result"],
 )
+# Set by each worker as its policy source loads a file (on_reload), never at a scrape: the worker answering
+# a scrape is one of several, and every worker's own value counts.
 POLICY_GENERATION = Gauge(
     "sparkgate_webhook_policy_generation",
     "How many times the policy in force has been (re)loaded successfully by a worker.",
@@ -74,6 +76,12 @@ CERT_EXPIRY = Gauge(
 
 
 def on_reload(result: str, error: str | None) -> None:
+    """PolicySource's hook, in the worker whose source loaded the file. A refused file leaves the policy in
+    force (if any) as it was; a success puts a new one in force (the gauges are set before the count, so a
+    scrape that counts a worker's load also sees its gauges)."""
+    if result == "success":
+        POLICY_LOADED.set(1)
+        POLICY_GENERATION.inc()
     POLICY_RELOADS.labels(result).inc()
 
 

@@ -9,7 +9,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-MAX_BODY = 3 * 1024 * 1024  # kube-apiserver's own limit on an object is 3 MiB
+# kube-apiserver takes a request body of up to 3 MiB, so a pod is at most that; an UPDATE's review carries it
+# twice (object and oldObject), plus the envelope.
+MAX_BODY = 8 * 1024 * 1024
+# Seconds the webhook waits for each read of a body (and each write of its answer) before it gives up on the
+# client: the API server sends a review at once, and a thread waiting on a stalled client serves no one else.
+BODY_TIMEOUT = 5.0
 
 
 class BadReview(ValueError):
@@ -22,6 +27,8 @@ def parse_review(body: bytes) -> dict[str, Any]:
         review = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
         raise BadReview(f"the body is not JSON: {e}") from None
+    except RecursionError:
+        raise BadReview("the body is nested too deeply") from None
     if not isinstance(review, dict):
         raise BadReview("the body is not a JSON object")
     if review.get("kind") != "AdmissionReview" or review.get("apiVersion") != "admission.k8s.io/v1":
@@ -36,9 +43,15 @@ def parse_review(body: bytes) -> dict[str, Any]:
         raise BadReview("AdmissionReview.request.uid is missing")
     if not isinstance(req.get("operation"), str):
         raise BadReview("AdmissionReview.request.operation is missing")
-    for key in ("object", "oldObject"):
+    for key in ("kind", "resource", "userInfo", "object", "oldObject"):
         if req.get(key) is not None and not isinstance(req[key], dict):
             raise BadReview(f"AdmissionReview.request.{key} is not an object")
+    user = req.get("userInfo") or {}
+    if user.get("username") is not None and not isinstance(user["username"], str):
+        raise BadReview("AdmissionReview.request.userInfo.username is not a string")
+    groups = user.get("groups")
+    if groups is not None and not (isinstance(groups, list) and all(isinstance(g, str) for g in groups)):
+        raise BadReview("AdmissionReview.request.userInfo.groups is not a list of strings")
     return req
 
 

@@ -4,7 +4,8 @@ Settings (docs/architecture.md, "Decisions"): `gthread` workers, because the
 API server reuses idle HTTP/1.1 connections and `sync` closes every one; keep-alive above the API server's
 90 s idle timeout so the client closes first; an `ssl_context` hook that caches the context per certificate
 file identity, so a rotated certificate (a Secret volume swaps a symlink) is served to the next new
-connection without a restart and without re-reading the files per connection; prometheus-client's
+connection without a restart and without re-reading the files per connection, and that keeps serving the
+last good one when new files do not load (each worker loads its first as it starts); prometheus-client's
 multiprocess directory wiped before the first fork and dead workers marked; no control socket (gunicorn
 25.1+ opens one under $HOME for `gunicornc` by default, which the image's read-only root refuses with an
 error at every start, and nothing in the pod would use it).
@@ -50,11 +51,16 @@ class ServerOptions:
 
 
 class CachedSSLContext:
-    """gunicorn's `ssl_context` hook: one context per (cert, key) file identity, rebuilt when they change."""
+    """gunicorn's `ssl_context` hook: one context per (cert, key) file identity, rebuilt when they change.
+
+    A context that cannot be built (a bad file, or a Secret volume swapped between the two opens of
+    load_cert_chain) is logged, and the last good one stays in service until the files change again: failing
+    it would fail every new connection. The first is loaded as the worker starts (_post_worker_init); there,
+    a failure is raised, as there is nothing to serve."""
 
     def __init__(self, on_load: Callable[[str], None] | None = None) -> None:
         self._lock = threading.Lock()
-        self._key: tuple[tuple[int, int, int], ...] | None = None
+        self._key: tuple[tuple[int, int, int] | None, ...] | None = None
         self._context: ssl.SSLContext | None = None
         self._on_load = on_load
 
@@ -62,15 +68,30 @@ class CachedSSLContext:
         key = tuple(_identity(path) for path in (conf.certfile, conf.keyfile))
         with self._lock:
             if self._context is None or key != self._key:
-                self._context = default_factory()
                 self._key = key
-                if self._on_load is not None:
-                    self._on_load(conf.certfile)
+                try:
+                    self._context = default_factory()
+                except OSError as e:  # ssl.SSLError included
+                    if self._context is None:
+                        raise
+                    log.error(
+                        "cannot load the serving certificate %s: %s; serving the previous one until the "
+                        "files change again",
+                        conf.certfile,
+                        e,
+                    )
+                else:
+                    if self._on_load is not None:
+                        self._on_load(conf.certfile)
             return self._context
 
 
-def _identity(path: str) -> tuple[int, int, int]:
-    st = os.stat(path)
+def _identity(path: str) -> tuple[int, int, int] | None:
+    """The file's identity; None when it cannot be read (loading it then fails and says why)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
     return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
@@ -95,6 +116,15 @@ def _on_starting(server: Any) -> None:
         os.makedirs(directory, exist_ok=True)
 
 
+def _post_worker_init(worker: Any) -> None:
+    """Load the serving certificate as the worker starts, not at its first connection, so that every worker
+    has a context to keep serving should a rotated one fail to load. A worker that cannot load one at all
+    fails to boot, and gunicorn stops: it could not serve a single connection."""
+    from gunicorn.sock import ssl_context
+
+    ssl_context(worker.cfg)
+
+
 def _child_exit(server: Any, worker: Any) -> None:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
@@ -117,6 +147,7 @@ def gunicorn_settings(options: ServerOptions) -> dict[str, Any]:
         "accesslog": None,
         "errorlog": "-",
         "on_starting": _on_starting,
+        "post_worker_init": _post_worker_init,
         "child_exit": _child_exit,
         "ssl_context": CachedSSLContext(on_load=_record_expiry),
         "proc_name": "sparkgate-webhook",

@@ -103,11 +103,19 @@ def covers(toleration: Any, key: str) -> bool:
 
 
 def _toleration_covered_anew(key: str) -> Callable[[Spec, Spec], bool]:
+    """The default is stale when the pod has it and the spec sparkgate wants has a toleration covering `key`
+    that the pod did not have. Linear in the tolerations (a pod may carry thousands): the merge shares the
+    pod's own elements, so only the others (the template's) are looked for in the pod by value."""
     default = default_toleration(key)
 
     def stale(before: Spec, after: Spec) -> bool:
-        added = [t for t in after.get("tolerations") or () if t not in (before.get("tolerations") or ())]
-        return default in (before.get("tolerations") or ()) and any(covers(t, key) for t in added)
+        had = before.get("tolerations") or ()
+        if default not in had:
+            return False
+        shared = {id(t) for t in had}
+        return any(
+            id(t) not in shared and covers(t, key) and t not in had for t in after.get("tolerations") or ()
+        )
 
     return stale
 

@@ -35,8 +35,9 @@ def _diff(before: Any, after: Any, pointer: str, ops: list[Operation]) -> None:
             elif before[key] is not value:  # shared subtrees (most of the pod) cost no pointer and no call
                 _diff(before[key], value, f"{pointer}/{escape(key)}", ops)
         if not before.keys() <= after.keys():
-            for key in before.keys() - after.keys():
-                ops.append({"op": "remove", "path": f"{pointer}/{escape(key)}"})
+            ops.extend(
+                {"op": "remove", "path": f"{pointer}/{escape(key)}"} for key in before if key not in after
+            )
         return
     if isinstance(before, list) and isinstance(after, list) and len(after) >= len(before):
         for i, old in enumerate(before):

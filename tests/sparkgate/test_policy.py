@@ -76,6 +76,26 @@ def test_empty_policy_gets_defaults() -> None:
             "profiles[0].template.spec.containers[0].resources.limits.cpu: input should be a valid string",
         ),
         (
+            "profiles: [{name: a, template: {metadata: [1]}}]",
+            "profiles[0].template.metadata: input should be a valid dictionary",
+        ),
+        (
+            "profiles: [{name: a, template: {metadata: {labels: [1]}}}]",
+            "profiles[0].template.metadata.labels: input should be a valid dictionary",
+        ),
+        (
+            "profiles: [{name: a, template: {spec: {containers: [{name: c, resources: {limits: {cpu: .nan}}}]}}}]",
+            "profiles[0].template.spec.containers[0].resources.limits.cpu: expected a finite number, got nan",
+        ),
+        (
+            "profiles: [{name: a, template: {spec: {containers: [{name: c, resources: {requests: {memory: .inf}}}]}}}]",
+            "profiles[0].template.spec.containers[0].resources.requests.memory: expected a finite number, got inf",
+        ),
+        (
+            "profiles: [{name: a, template: {metadata: {managedFields: [{fieldsV1: {f: -.inf}}]}}}]",
+            "profiles[0].template.metadata.managedFields[0].fieldsV1.f: expected a finite number, got -inf",
+        ),
+        (
             "profiles: [{name: a, labels: {spark-app-selector: x}}]",
             "profiles[0].labels.spark-app-selector: Spark's own label cannot be set by a profile",
         ),
@@ -146,6 +166,12 @@ def test_wrong_header_and_bad_yaml() -> None:
         load_policy("apiVersion: sparkgate.io/v1alpha1\n")
     with pytest.raises(PolicyError, match=r"line 4, column 1: not valid YAML"):
         load_policy(HEAD + "profiles: [\n")
+
+
+def test_nesting_too_deep_to_read_is_an_error_with_its_place() -> None:
+    """Not a RecursionError: that would escape the callers, which keep the last good policy on PolicyError."""
+    errors = errors_of("profiles: " + "[" * 5000 + "]" * 5000 + "\n")
+    assert len(errors) == 1 and errors[0].startswith("line 3, column ") and "nested too deeply" in errors[0]
 
 
 def test_numeric_quantities_are_accepted_in_templates() -> None:

@@ -34,6 +34,17 @@ def test_errors_are_printed_with_their_location(tmp_path: Path, capsys: pytest.C
     assert "profiles[2].configMaps[0].mountPath: required" in err
 
 
+def test_a_malformed_template_is_an_error_with_its_place_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "policy.yaml"
+    bad.write_text(
+        "apiVersion: sparkgate.io/v1alpha1\nkind: Policy\nprofiles:\n- name: a\n  template: {metadata: [1]}\n"
+    )
+    assert main(["policy", "check", str(bad)]) == 1
+    assert "profiles[0].template.metadata: input should be a valid dictionary" in capsys.readouterr().err
+
+
 def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["policy", "check", str(tmp_path / "nope.yaml")]) == 1
     assert "No such file" in capsys.readouterr().err

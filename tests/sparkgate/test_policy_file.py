@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
+import pytest
+
+from sparkgate import policy_file
 from sparkgate.policy_file import PolicySource
 
 GOOD = "apiVersion: sparkgate.io/v1alpha1\nkind: Policy\nallocation: {{batchSize: {n}}}\n"
@@ -71,3 +75,49 @@ def test_missing_file_means_no_policy_until_it_appears(tmp_path: Path) -> None:
     clock.now += 1
     policy = source.current()
     assert policy is not None and policy.allocation.batch_size == 3 and source.last_error is None
+
+
+def watched(tmp_path: Path) -> tuple[Clock, list[tuple[str, str | None]], PolicySource]:
+    """A good policy in a ConfigMap volume, its source, its clock and what its reload hook was told."""
+    clock = Clock()
+    events: list[tuple[str, str | None]] = []
+    path = configmap_volume(tmp_path, "v1", GOOD.format(n=7))
+    source = PolicySource(
+        str(path), "sparkgate-system", clock=clock, on_reload=lambda r, e: events.append((r, e))
+    )
+    return clock, events, source
+
+
+def test_a_second_bad_edit_with_the_same_error_is_reported_again(tmp_path: Path) -> None:
+    """De-duplicated by file and error, not by error alone: each refused edit is logged and counted once."""
+    clock, events, source = watched(tmp_path)
+    good = source.current()
+    for version, text in (("v2", GOOD.format(n=0)), ("v3", "# fixed?\n" + GOOD.format(n=0))):
+        configmap_volume(tmp_path, version, text)
+        clock.now += 1
+        assert source.current() is good
+        clock.now += 1
+        assert source.current() is good
+    assert [r for r, _ in events] == ["success", "failure", "failure"]
+    assert events[1] == events[2]
+
+
+def test_any_exception_while_loading_is_a_refusal_that_keeps_the_last_good_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A defect of the loader must not escape to the webhook (a 500 per admission, a worker that cannot
+    boot) or the allocator: the file is refused, logged with the traceback and counted like any other."""
+    clock, events, source = watched(tmp_path)
+    good = source.current()
+
+    def defect(text: str, install_namespace: str) -> None:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(policy_file, "load_policy", defect)
+    configmap_volume(tmp_path, "v2", GOOD.format(n=9))
+    clock.now += 1
+    with caplog.at_level(logging.ERROR, logger="sparkgate.policy_file"):
+        assert source.current() is good
+    assert events[-1] == ("failure", "RecursionError: maximum recursion depth exceeded")
+    assert source.last_error == "RecursionError: maximum recursion depth exceeded"
+    assert "the last good policy stays in force" in caplog.text and "Traceback" in caplog.text

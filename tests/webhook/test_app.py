@@ -9,9 +9,13 @@ from typing import Any
 
 import pytest
 
+from sparkgate import contract
+from sparkgate.mutation import Mutation, Outcome
 from sparkgate.policy_file import PolicySource
 from webhook import app as app_module
+from webhook import metrics
 from webhook.app import create_app
+from webhook.review import MAX_BODY
 
 from ..sparkgate.mutation.test_mutation import executor, request_for
 
@@ -42,12 +46,30 @@ def clock() -> Clock:
 
 @pytest.fixture
 def client(policy_file: Path, clock: Clock) -> Any:
-    source = PolicySource(str(policy_file), "sparkgate-system", clock=clock, check_interval=1.0)
+    source = PolicySource(
+        str(policy_file), "sparkgate-system", clock=clock, check_interval=1.0, on_reload=metrics.on_reload
+    )
     return create_app(source).test_client()
 
 
 def review(request: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+def counted(endpoint: str, outcome: str) -> float:
+    value: float = metrics.REQUESTS.labels(endpoint, outcome)._value.get()
+    return value
+
+
+def gate_removal(**fields: Any) -> dict[str, Any]:
+    """An UPDATE that removes the sparkgate gate, by `userInfo` bob unless `fields` say otherwise."""
+    gated = executor(schedulingGates=[{"name": contract.GATE}])
+    return {
+        **request_for(executor(), operation="UPDATE"),
+        "oldObject": gated,
+        "userInfo": {"username": "bob"},
+        **fields,
+    }
 
 
 def test_mutate_echoes_uid_and_returns_a_base64_json_patch(client: Any, reviews: dict[str, Any]) -> None:
@@ -88,16 +110,55 @@ def test_mutate_echoes_uid_and_returns_a_base64_json_patch(client: Any, reviews:
             400,
             "object is not an object",
         ),
-        (b"{" + b" " * (3 * 1024 * 1024) + b"}", 413, "larger than"),
+        (json.dumps(review(gate_removal(kind="Pod"))).encode(), 400, "request.kind is not an object"),
+        (
+            json.dumps(review(gate_removal(resource="pods"))).encode(),
+            400,
+            "request.resource is not an object",
+        ),
+        (json.dumps(review(gate_removal(userInfo="bob"))).encode(), 400, "request.userInfo is not an object"),
+        (
+            json.dumps(review(gate_removal(userInfo={"username": ["bob"]}))).encode(),
+            400,
+            "request.userInfo.username is not a string",
+        ),
+        (
+            json.dumps(
+                review(gate_removal(userInfo={"username": "bob", "groups": contract.BREAK_GLASS_GROUP}))
+            ).encode(),
+            400,
+            "request.userInfo.groups is not a list of strings",
+        ),
+        (
+            json.dumps(review(gate_removal(userInfo={"username": "bob", "groups": [["x"]]}))).encode(),
+            400,
+            "request.userInfo.groups is not a list of strings",
+        ),
+        (b"[" * 200_000 + b"]" * 200_000, 400, "nested too deeply"),
+        (b"{" + b" " * MAX_BODY + b"}", 413, "larger than"),
     ],
 )
 def test_malformed_requests_get_a_clear_4xx_never_a_500(
     client: Any, body: bytes, status: int, message: str
 ) -> None:
     for endpoint in ("/mutate", "/validate"):
+        before = counted(endpoint.strip("/"), "bad_request")
         answer = client.post(endpoint, data=body, content_type="application/json")
         assert answer.status_code == status
         assert message in answer.get_data(as_text=True)
+        assert counted(endpoint.strip("/"), "bad_request") == before + 1
+
+
+def test_an_update_review_of_two_maximal_pods_is_answered(client: Any) -> None:
+    """The API server takes a request body of up to 3 MiB; an UPDATE's review carries the pod twice."""
+    limit = 3 * 1024 * 1024
+    request = gate_removal()
+    for key in ("object", "oldObject"):
+        request[key]["metadata"]["annotations"] = {"sparkgate.io/x": "x" * (limit - 1024)}
+        assert limit - 1024 < len(json.dumps(request[key])) <= limit
+    body = json.dumps(review(request)).encode()
+    answer = client.post("/validate", data=body, content_type="application/json")
+    assert answer.status_code == 200 and answer.get_json()["response"]["allowed"] is False
 
 
 @pytest.mark.parametrize(
@@ -134,11 +195,32 @@ def test_an_unexpected_error_admits_the_pod_unchanged_and_is_counted(
     assert "spark-jobs/app-exec-1" in caplog.text
 
 
+def test_a_patch_that_is_not_json_admits_the_pod_unchanged_and_is_counted(
+    client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """json.dumps writes NaN, which is not JSON: the API server would refuse the patch ("undecodable")."""
+    nan = Mutation(Outcome.MUTATED, [{"op": "add", "path": "/metadata/x", "value": float("nan")}], "p")
+    monkeypatch.setattr(app_module, "mutate", lambda request, policy: nan)
+    before = counted("mutate", "error")
+    response = client.post("/mutate", json=review(request_for(executor()))).get_json()["response"]
+    assert response == {"uid": "u1", "allowed": True}
+    assert counted("mutate", "error") == before + 1
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "allocation: {batchSize: -1}",
+        "profiles: [{name: a, template: {metadata: [1]}}]",  # the loader itself failed on this
+        "profiles: " + "[" * 5000 + "]" * 5000,
+    ],
+)
 def test_a_bad_new_policy_is_refused_and_the_last_good_one_stays_in_force(
-    client: Any, policy_file: Path, clock: Clock
+    client: Any, policy_file: Path, clock: Clock, bad: str
 ) -> None:
     assert client.get("/readyz").status_code == 200
-    policy_file.write_text("apiVersion: sparkgate.io/v1alpha1\nkind: Policy\nallocation: {batchSize: -1}\n")
+    failures = metrics.POLICY_RELOADS.labels("failure")._value.get()
+    policy_file.write_text(f"apiVersion: sparkgate.io/v1alpha1\nkind: Policy\n{bad}\n")
     clock.now += 5
     assert client.get("/readyz").status_code == 200  # still ready: the last good policy is in force
     response = client.post("/mutate", json=review(request_for(executor(), "spark-jobs"))).get_json()[
@@ -147,6 +229,7 @@ def test_a_bad_new_policy_is_refused_and_the_last_good_one_stays_in_force(
     assert "patch" in response
     metrics_text = client.get("/metrics").get_data(as_text=True)
     assert "sparkgate_webhook_policy_loaded 1.0" in metrics_text
+    assert metrics.POLICY_RELOADS.labels("failure")._value.get() == failures + 1
 
 
 def test_not_ready_until_a_policy_loads(tmp_path: Path) -> None:

@@ -6,18 +6,25 @@ import base64
 import datetime as dt
 import http.client
 import json
+import logging
+import os
 import socket
 import ssl
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import jsonpatch
 import pytest
 from cryptography import x509
 
+from certs.pki import make_ca
 from sandbox.local_webhook import LocalWebhook, write_serving_cert
 from sparkgate import contract
+from webhook.review import BODY_TIMEOUT
+from webhook.server import CachedSSLContext, ServerOptions, build_app
 
 from ..sparkgate.mutation.test_mutation import executor, request_for
 
@@ -123,6 +130,122 @@ def test_a_rotated_certificate_is_served_to_the_next_connection_without_a_restar
     kept_alive.request("GET", "/healthz")  # the open connection keeps working
     assert kept_alive.getresponse().read() == b"ok\n"
     assert webhook.pid == pid
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def test_a_certificate_that_does_not_load_leaves_the_last_good_one_served(webhook: LocalWebhook) -> None:
+    """A bad file, or the kubelet's swap seen between the two opens of load_cert_chain, must not fail every
+    new connection: the last good certificate is served until the files change again."""
+    replace_file(
+        webhook.cert_dir / "tls.crt", b"-----BEGIN CERTIFICATE-----\nnot one\n-----END CERTIFICATE-----\n"
+    )
+    for _ in range(3):  # new connections, to either worker: each serves the last certificate it loaded
+        served_certificate(webhook)  # a handshake verified against the CA
+    rotated = write_serving_cert(webhook.cert_dir, webhook.ca, dt.datetime.now(dt.UTC), dt.timedelta(hours=2))
+    assert served_certificate(webhook).serial_number == rotated.certificate.serial_number
+
+
+def test_a_failed_certificate_load_is_logged_and_retried_only_when_the_files_change(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ca = make_ca("test-ca", dt.datetime.now(dt.UTC), dt.timedelta(days=1))
+    write_serving_cert(tmp_path, ca, dt.datetime.now(dt.UTC), dt.timedelta(days=1))
+    conf = SimpleNamespace(certfile=str(tmp_path / "tls.crt"), keyfile=str(tmp_path / "tls.key"))
+    attempts: list[str] = []
+
+    def load() -> ssl.SSLContext:
+        attempts.append(conf.certfile)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(conf.certfile, conf.keyfile)
+        return context
+
+    loaded: list[str] = []
+    cached = CachedSSLContext(on_load=loaded.append)
+    good = cached(conf, load)
+    replace_file(tmp_path / "tls.crt", b"garbage")
+    with caplog.at_level(logging.ERROR, logger="webhook.server"):
+        assert cached(conf, load) is good and cached(conf, load) is good
+    assert len(attempts) == 2 and len(loaded) == 1
+    assert caplog.text.count("cannot load the serving certificate") == 1
+    write_serving_cert(tmp_path, ca, dt.datetime.now(dt.UTC), dt.timedelta(days=1))
+    assert cached(conf, load) is not good and len(attempts) == 3 and len(loaded) == 2
+
+
+def test_a_webhook_whose_certificate_does_not_load_at_the_start_exits(tmp_path: Path) -> None:
+    """Each worker loads the certificate as it starts (so that it has one to fall back on): one that cannot
+    stops gunicorn, rather than answering every TLS connection with a plain-text error."""
+    w = LocalWebhook(POLICY, tmp_path, startup_timeout=20)
+    replace_file(w.cert_dir / "tls.crt", b"not a certificate")
+    with pytest.raises(RuntimeError, match="the webhook exited"):
+        w.start()
+    assert "Worker failed to boot" in (tmp_path / "webhook.log").read_text()
+
+
+def test_a_worker_boots_on_a_policy_that_breaks_the_loader_and_is_not_ready(tmp_path: Path) -> None:
+    """It used to raise while booting: gunicorn's workers crash-looped instead of waiting for a good file."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "apiVersion: sparkgate.io/v1alpha1\nkind: Policy\nprofiles:\n- name: a\n  template: {metadata: [1]}\n"
+    )
+    options = ServerOptions("127.0.0.1:0", str(tmp_path), str(policy), "sparkgate-system", frozenset())
+    answer = build_app(options).test_client().get("/readyz")
+    assert answer.status_code == 503 and "profiles[0].template.metadata" in answer.get_data(as_text=True)
+
+
+def sample(text: str, name: str) -> float:
+    """The value of the series `name` (with its labels, if any) in a metrics document."""
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.split()[0] == name)
+
+
+def test_every_scrape_reads_the_policy_loaded_from_every_worker(tmp_path: Path) -> None:
+    """Each worker sets its gauges when it loads the policy; set at a scrape, they read 0 from the workers that
+    had not answered one (the lowest over the workers is exported)."""
+    with LocalWebhook(POLICY, tmp_path, workers=2) as w:
+        read, deadline = 0, time.monotonic() + 30
+        while read < 8:
+            assert time.monotonic() < deadline, "the second worker did not load the policy"
+            conn = connect(w)  # a new connection each time, so both workers answer some
+            conn.request("GET", "/metrics")
+            text = conn.getresponse().read().decode()
+            conn.close()
+            if sample(text, 'sparkgate_webhook_policy_reloads_total{result="success"}') < 2:
+                continue  # a worker still booting; it is counted once it has loaded (after its gauges)
+            assert sample(text, "sparkgate_webhook_policy_loaded") == 1
+            assert sample(text, "sparkgate_webhook_policy_generation") == 1
+            read += 1
+
+
+def test_clients_that_stop_mid_body_do_not_hold_the_threads(tmp_path: Path) -> None:
+    """A gthread worker gives a connection a thread while it reads the request; a client that stopped sending
+    its body held that thread for ever (gunicorn's `timeout` does not cover it). With every thread and one
+    more connection stalled, /healthz still answers, and each stalled client gets a 408 and is closed."""
+    threads, bound = 2, 4 * BODY_TIMEOUT
+    with LocalWebhook(POLICY, tmp_path, workers=1, threads=threads) as w:
+        context = w.ssl_context()
+        stalled = []
+        for _ in range(threads + 1):  # the last one's TLS handshake waits for a thread
+            raw = socket.create_connection(("127.0.0.1", w.port), timeout=bound)
+            tls = context.wrap_socket(raw, server_hostname="127.0.0.1")
+            tls.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n")
+            tls.sendall(b"Content-Length: 1000\r\n\r\n{")
+            stalled.append(tls)
+        conn = http.client.HTTPSConnection("127.0.0.1", w.port, context=context, timeout=bound)
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().read() == b"ok\n"
+        for tls in stalled:
+            answer = b""
+            while chunk := tls.recv(4096):  # to the end: the server closes the connection after its answer
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 408 ") and b"the body did not arrive" in answer
+            tls.close()
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        assert sample(text, 'sparkgate_webhook_requests_total{endpoint="mutate",outcome="bad_request"}') == 3
 
 
 def test_plain_http_is_refused(webhook: LocalWebhook) -> None:

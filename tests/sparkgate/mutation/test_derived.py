@@ -12,16 +12,31 @@ whose `spec.overhead` differs from the class's.
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import jsonpatch
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sparkgate.mutation import mutate
-from sparkgate.mutation.derived import NOT_READY, RULES, UNREACHABLE, drop_stale, strip_derived
+from sparkgate.mutation.derived import (
+    NOT_READY,
+    RULES,
+    UNREACHABLE,
+    covers,
+    default_toleration,
+    drop_stale,
+    strip_derived,
+)
 from sparkgate.policy import Policy, load_policy
 
+from .test_mutation import executor, request_for
+
 Obj = dict[str, Any]
+# A template's toleration of not-ready nodes for 900 s, in place of the default one's 300.
+TOLERATED_900 = {"key": NOT_READY, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 900}
 
 
 def policy_with(template_spec: str, overrides: str = "") -> Policy:
@@ -113,12 +128,7 @@ def test_a_template_toleration_for_not_ready_replaces_the_default_one(reviews: d
     out = patched(reviews["adhoc-query-exec-1"]["request"], policy_with(template))
     tolerations = out["spec"]["tolerations"]
     assert [t["key"] for t in tolerations].count(NOT_READY) == 1
-    assert {
-        "key": NOT_READY,
-        "operator": "Exists",
-        "effect": "NoExecute",
-        "tolerationSeconds": 900,
-    } in tolerations
+    assert TOLERATED_900 in tolerations
     assert any(t["key"] == UNREACHABLE and t["tolerationSeconds"] == 300 for t in tolerations)
 
 
@@ -155,3 +165,75 @@ def test_every_rule_names_its_plugin_and_sources() -> None:
     }
     for rule in RULES:
         assert rule.sources and rule.derived
+
+
+NOT_READY_900 = """        tolerations:
+          - {key: node.kubernetes.io/not-ready, operator: Exists, effect: NoExecute, tolerationSeconds: 900}"""
+
+
+class Counted(dict[str, Any]):
+    """A toleration that counts the comparisons made with it, and fails the run past a budget."""
+
+    made = 0
+    budget = math.inf
+
+    def __eq__(self, other: object) -> bool:
+        Counted.made += 1
+        assert Counted.made <= Counted.budget, f"more than {Counted.budget} comparisons of tolerations"
+        return super().__eq__(other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("overrides", ["", "    overrides: [spec.tolerations]"], ids=["fills", "overrides"])
+def test_the_default_toleration_rules_compare_each_toleration_a_bounded_number_of_times(
+    overrides: str,
+) -> None:
+    """A pod of 20,000 tolerations (2 MiB): the work is counted in comparisons, not timed, and is linear
+    (the rules compared every toleration with the whole list: 2 * 10^8 comparisons, minutes of a worker)."""
+    n = 20_000
+    own = [Counted({"key": f"k{i}", "operator": "Exists", "effect": "NoSchedule"}) for i in range(n)]
+    pod = executor(
+        tolerations=[*own, Counted(default_toleration(NOT_READY)), Counted(default_toleration(UNREACHABLE))]
+    )
+    pol = policy_with(NOT_READY_900, overrides)
+    Counted.made, Counted.budget = 0, 10 * n
+    try:
+        result = mutate(request_for(pod), pol)
+    finally:
+        Counted.budget = math.inf
+    tolerations = jsonpatch.apply_patch(pod, result.ops)["spec"]["tolerations"]
+    assert default_toleration(NOT_READY) not in tolerations
+    assert TOLERATED_900 in tolerations
+    assert (default_toleration(UNREACHABLE) in tolerations) == (overrides == "")
+
+
+toleration = st.fixed_dictionaries(
+    {
+        "key": st.sampled_from(["", NOT_READY, UNREACHABLE, "other"]),
+        "operator": st.just("Exists"),
+        "effect": st.sampled_from(["", "NoExecute", "NoSchedule"]),
+    },
+    optional={"tolerationSeconds": st.sampled_from([300, 900])},
+)
+
+
+@given(
+    st.lists(toleration, max_size=5),
+    st.lists(toleration, max_size=3),
+    st.booleans(),
+    st.sampled_from([NOT_READY, UNREACHABLE]),
+)
+def test_a_default_toleration_is_stale_exactly_when_an_added_toleration_covers_its_key(
+    pod: list[Obj], template: list[Obj], override: bool, key: str
+) -> None:
+    """The rule's meaning, stated by value: the default is in the pod, and the spec as sparkgate wants it has
+    a toleration covering the key that the pod did not have (whether it shares the pod's elements or not)."""
+    pod = [*pod, default_toleration(key)]
+    after = copy.deepcopy(template) if override else [*pod, *copy.deepcopy(template)]
+    rule = next(r for r in RULES if r.plugin == "DefaultTolerationSeconds" and key in r.derived)
+    expected = any(covers(t, key) for t in after if t not in pod)
+    assert rule.stale({"tolerations": pod}, {"tolerations": after}) == expected
