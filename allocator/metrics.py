@@ -70,6 +70,8 @@ EXTENDER_BUCKETS = (
     0.5,
 )
 FAST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# The gate's removal: the reaction's milliseconds, and the wait for room under the limits (minutes).
+GATE_REMOVAL_BUCKETS = (*FAST_BUCKETS, 120, 300, 600, 1800, 3600)
 
 
 # Seconds a namespace's per-namespace series outlive its last app: longer than a few scrape intervals and
@@ -104,7 +106,7 @@ class AllocatorMetrics:
             "sparkgate_allocator_gate_removal_seconds",
             "Time from the watch event that first showed a gated executor pod to the API server accepting the "
             "PATCH that removed its gate (the wait for room under the limits included).",
-            buckets=FAST_BUCKETS,
+            buckets=GATE_REMOVAL_BUCKETS,
             registry=r,
         )
         self.limit_hits = Counter(

@@ -20,11 +20,12 @@ import base64
 import datetime as dt
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+from prometheus_client.core import Metric
 
 from sparkgate import contract
 from sparkgate.kube import Conflict, Kube, KubeError, NotFound
@@ -50,17 +51,35 @@ ADMISSION_API = "/apis/admissionregistration.k8s.io/v1"
 KINDS = {"mutating": "mutatingwebhookconfigurations", "validating": "validatingwebhookconfigurations"}
 
 
+class ExpiryGauge(Gauge):
+    """A timestamp gauge without a sample until it is first set. An unlabelled Gauge exports 0 from its
+    creation, and an expiry of 0 reads as a certificate that expired in 1970: SparkgateCertificateExpiresSoon
+    would fire on it and the dashboard's min() would show -56 years. An expiry not known yet (before the
+    first cycle, or in a replica that could not read the Secret) is no series at all; once known, the last
+    value read stays."""
+
+    _known = False
+
+    def set(self, value: float) -> None:
+        super().set(value)
+        self._known = True  # after the value: a scrape never sees the 0
+
+    def collect(self) -> Iterable[Metric]:
+        # The family without samples until then (its HELP and TYPE): the name stays registered and listed.
+        return super().collect() if self._known else self.describe()
+
+
 class CertsMetrics:
     """The certificate metrics, in the registry of the process that runs the sync (the allocator has its
     own; `certs sync --loop --metrics-port` uses the default one)."""
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
-        self.ca_expiry = Gauge(
+        self.ca_expiry = ExpiryGauge(
             "sparkgate_certs_ca_expiry_timestamp_seconds",
             "When the CA signing the serving certificate expires",
             registry=registry,
         )
-        self.serving_expiry = Gauge(
+        self.serving_expiry = ExpiryGauge(
             "sparkgate_certs_serving_expiry_timestamp_seconds",
             "When the serving certificate in the Secret expires",
             registry=registry,
@@ -300,7 +319,7 @@ def certs_task(
 
 def observe_expiry(kube: Kube, target: Target, metrics: CertsMetrics) -> None:
     """What a replica that does not rotate reports: the expiry of the certificates in the Secret (read only),
-    so that every replica's gauges are true, not 0."""
+    so that every replica's gauges are true. Until a read succeeds, the gauges have no sample (ExpiryGauge)."""
     try:
         secret = kube.get(target.secret_path)
     except KubeError as e:

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 from cryptography import x509
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from certs.pki import make_ca
 from certs.plan import CA_CRT, NEXT_CRT, PREVIOUS_CRT, TLS_CRT, Lifetimes, Step, load_certs
-from certs.sync import CertsMetrics, Target, run_loop, sync_guarded, sync_once
+from certs.sync import CertsMetrics, Target, observe_expiry, run_loop, sync_guarded, sync_once
 from kubesim.cluster import Cluster
 from sparkgate.cli import main
 from sparkgate.kube import Kube
@@ -136,7 +136,8 @@ def test_rollover_cycle_by_cycle(cluster: Cluster, kube: Kube) -> None:
     assert switched[CA_CRT] == staged[NEXT_CRT] and switched[PREVIOUS_CRT] == first[CA_CRT]
     assert load_certs(switched[TLS_CRT])[0].issuer == load_certs(switched[CA_CRT])[0].subject
     assert bundles(cluster) == [first[CA_CRT] + switched[CA_CRT]] * 4  # nothing to inject
-    result = sync_once(kube, target, switched_at + life.overlap)
+    assert sync_once(kube, target, switched_at + life.keep_previous - dt.timedelta(minutes=1)).steps == ()
+    result = sync_once(kube, target, switched_at + life.keep_previous)
     assert result.steps == (Step.DROP_PREVIOUS_CA,) and len(result.injected) == 4
     assert bundles(cluster) == [switched[CA_CRT]] * 4
 
@@ -272,6 +273,53 @@ def test_metrics_report_the_expiry_in_the_given_registry(cluster: Cluster, kube:
     assert registry.get_sample_value("sparkgate_certs_ca_expiry_timestamp_seconds") == ca_end
     assert registry.get_sample_value("sparkgate_certs_serving_expiry_timestamp_seconds") == serving_end
     assert registry.get_sample_value("sparkgate_certs_steps_total", {"step": "create"}) == 1
+
+
+EXPIRY_GAUGES = (
+    "sparkgate_certs_ca_expiry_timestamp_seconds",
+    "sparkgate_certs_serving_expiry_timestamp_seconds",
+)
+
+
+def test_the_expiry_is_exported_only_once_known(cluster: Cluster, kube: Kube) -> None:
+    """An unlabelled gauge would say 0 (expired in 1970) before the first cycle, and in a replica whose
+    Secret reads fail: the expiry alert would fire and the dashboard's min() show -56 years. No sample
+    instead, until a value is read; the family itself stays listed."""
+    registry = CollectorRegistry()
+    metrics = CertsMetrics(registry)
+    text = generate_latest(registry).decode()
+    for name in EXPIRY_GAUGES:
+        assert registry.get_sample_value(name) is None
+        assert f"# TYPE {name} gauge" in text and f"\n{name} " not in text
+    # A replica that does not rotate: no Secret yet, then a read refused.
+    observe_expiry(kube, Target(), metrics)
+    cluster.faults.fail("get", "secrets", 403, count=1)
+    observe_expiry(kube, Target(), metrics)
+    assert [registry.get_sample_value(name) for name in EXPIRY_GAUGES] == [None, None]
+    # A cycle that fails before it has read the certificates sets nothing either.
+    cluster.faults.fail("get", "secrets", 403, count=1)
+    assert sync_guarded(kube, Target(), T0, metrics) is None
+    assert [registry.get_sample_value(name) for name in EXPIRY_GAUGES] == [None, None]
+    # Once the Secret exists, the follower's read reports it, and a later failed read keeps it.
+    sync_once(kube, Target(), T0)
+    data = secret_data(cluster)
+    ends = [load_certs(data[key])[0].not_valid_after_utc.timestamp() for key in (CA_CRT, TLS_CRT)]
+    observe_expiry(kube, Target(), metrics)
+    assert [registry.get_sample_value(name) for name in EXPIRY_GAUGES] == ends
+    cluster.faults.fail("get", "secrets", 403, count=1)
+    observe_expiry(kube, Target(), metrics)
+    assert [registry.get_sample_value(name) for name in EXPIRY_GAUGES] == ends
+
+
+def test_the_allocators_metrics_text_has_no_expiry_before_it_is_known() -> None:
+    """The allocator serves the certificate metrics from its own registry, through its own text writer."""
+    from allocator.metrics import AllocatorMetrics
+
+    allocator = AllocatorMetrics()
+    metrics = CertsMetrics(allocator.registry)
+    assert [allocator.sample(name) for name in EXPIRY_GAUGES] == [None, None]
+    metrics.ca_expiry.set(1.5e9)
+    assert [allocator.sample(name) for name in EXPIRY_GAUGES] == [1.5e9, None]
 
 
 def test_loop_syncs_while_holding_the_lease_and_releases_it(cluster: Cluster, kube: Kube) -> None:

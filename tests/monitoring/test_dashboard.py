@@ -18,6 +18,13 @@ REPO = Path(__file__).resolve().parents[2]
 OPERATIONS = REPO / "docs" / "operations.md"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
+# Where every alert's runbook_url points: docs/operations.md from the repository's root. The project
+# publishes its docs at no canonical URL (none in README.md or pyproject.toml), so the base is the path, and
+# docs/metrics.md ("Alerts") tells the admin to put their own in front. With a published URL, it goes here.
+RUNBOOK_BASE = "docs/operations.md"
+# Grafana's units of a value per second: for rate() panels, and only for them (an increase() over the
+# interval or the range is a count, a gauge a number).
+PER_SECOND_UNITS = {"ops", "reqps", "rps", "wps", "cps", "pps"}
 
 
 def metric_names(expr: str) -> set[str]:
@@ -111,6 +118,22 @@ def test_every_query_uses_known_metrics_and_every_metric_is_shown(
     assert {f.name for f in families} - used == set(), "metrics no panel shows"
 
 
+def test_units_say_per_second_exactly_for_rates(dashboard: dict[str, Any]) -> None:
+    """A panel of rate() is a value per second (ops, reqps); one of increase() counts or gauges is not
+    (short); a panel of histogram quantiles is seconds."""
+    for panel in dashboard["panels"]:
+        if panel["type"] == "row":
+            continue
+        unit = panel["fieldConfig"]["defaults"]["unit"]
+        exprs = [target["expr"] for target in panel["targets"]]
+        if any("histogram_quantile(" in e for e in exprs):
+            assert unit == "s", panel["title"]
+        elif all("rate(" in e and "increase(" not in e for e in exprs):
+            assert unit in PER_SECOND_UNITS, f"{panel['title']}: a rate shown as {unit}"
+        else:
+            assert unit not in PER_SECOND_UNITS, f"{panel['title']}: counts or gauges shown as {unit}"
+
+
 def test_rate_windows_come_from_grafana(panel_queries: list[Any]) -> None:
     """Panel windows follow the scrape interval and the time range ($__rate_interval, $__range)."""
     for q in panel_queries:
@@ -138,9 +161,11 @@ def test_every_alert_is_complete_and_has_its_runbook_entry(alert_rules: list[dic
         assert re.fullmatch(r"Sparkgate[A-Za-z]+", name)
         assert rule["labels"]["severity"] in ("warning", "critical"), name
         assert rule["annotations"]["summary"] and rule["annotations"]["description"], name
-        runbook = rule["annotations"]["runbook"]
-        assert runbook == f"docs/operations.md#{anchor(name)}", name
-        assert headings.get(anchor(name)) == name, f"no runbook entry '### {name}' in docs/operations.md"
+        # runbook_url: the annotation Alertmanager, Grafana and kube-prometheus's alerts use.
+        assert "runbook" not in rule["annotations"], name
+        base, _, fragment = rule["annotations"]["runbook_url"].partition("#")
+        assert base == RUNBOOK_BASE and fragment == anchor(name), name
+        assert headings.get(fragment) == name, f"no runbook entry '### {name}' in docs/operations.md"
     assert set(headings.values()) == set(names), "runbook entries without an alert"
     required = {
         "SparkgateWebhookErrors",
@@ -151,6 +176,64 @@ def test_every_alert_is_complete_and_has_its_runbook_entry(alert_rules: list[dic
         "SparkgateCertificateExpiresSoon",
     }
     assert required <= set(names)
+
+
+def seconds(duration: str) -> float:
+    """A Prometheus duration of one unit (`7m`, `90s`, `1h`) in seconds."""
+    match = re.fullmatch(r"(\d+)(s|m|h)", duration)
+    assert match, duration
+    return int(match[1]) * {"s": 1, "m": 60, "h": 3600}[match[2]]
+
+
+def test_the_profile_alert_waits_for_a_second_probe(alert_rules: list[dict[str, Any]]) -> None:
+    """The probe's verdict changes only when it runs: a refusal of a moment (a namespace at its quota)
+    holds the series at 0 for a whole interval. The alert waits longer than one interval plus a scrape and
+    an evaluation, so the next probe decides, and pages before a third one."""
+    from allocator.probe import DEFAULT_INTERVAL
+    from sparkgate.cli import build_parser
+
+    interval = build_parser(["allocator"]).parse_args(["allocator"]).probe_interval
+    assert interval == DEFAULT_INTERVAL
+    rule = next(r for r in alert_rules if r["alert"] == "SparkgateProfileRefused")
+    assert interval + 60 < seconds(rule["for"]) < 2 * interval
+    for doc in (OPERATIONS, REPO / "docs" / "metrics.md"):  # the runbook and the table say how long
+        assert f"{int(seconds(rule['for']) // 60)} minutes" in doc.read_text(), doc.name
+
+
+def test_the_alerts_tell_the_processes_apart_by_container(
+    alert_rules: list[dict[str, Any]],
+    families: list[Any],
+    component: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    """Both ServiceMonitors scrape the one Service without a jobLabel, so under the Prometheus Operator
+    the webhook's and the allocator's series have the same `job`: an alert over both processes groups by
+    the operator's `container` (and `pod`), and names them so, never by `job`."""
+    monitors = [o for (kind, _), o in component.items() if kind == "ServiceMonitor"]
+    service = component[("Service", "sparkgate-metrics")]
+    containers = {
+        c["name"]: {p["name"] for p in c.get("ports") or []}
+        for c in component[("Deployment", "sparkgate")]["spec"]["template"]["spec"]["containers"]
+    }
+    scraped = []
+    for monitor in monitors:
+        assert "jobLabel" not in monitor["spec"], monitor["metadata"]["name"]
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+        for endpoint in monitor["spec"]["endpoints"]:
+            port = next(p for p in service["spec"]["ports"] if p["name"] == endpoint["port"])
+            scraped += [name for name, ports in containers.items() if port["targetPort"] in ports]
+    assert sorted(scraped) == ["allocator", "webhook"], "one port scraped per container"
+    # The operator's target labels, not sparkgate's (a metric label of the same name would be renamed).
+    assert not {"container", "pod"} & {label for f in families for label in f.labels}
+    for rule in alert_rules:
+        annotations = " ".join(str(v) for v in rule["annotations"].values())
+        assert "$labels.job" not in annotations, rule["alert"]
+        if "sparkgate_webhook_" in rule["expr"] and "sparkgate_allocator_" in rule["expr"]:
+            groupings = re.findall(r"\bby \(([^)]*)\)", rule["expr"])
+            assert groupings, rule["alert"]
+            for grouping in groupings:
+                labels = {label.strip() for label in grouping.split(",")}
+                assert {"container", "pod"} <= labels and "job" not in labels, rule["alert"]
+            assert "$labels.container" in rule["annotations"]["summary"], rule["alert"]
 
 
 def test_the_certificate_alert_warns_14_days_ahead(alert_rules: list[dict[str, Any]]) -> None:

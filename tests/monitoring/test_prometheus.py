@@ -2,10 +2,11 @@
 
 sparkgate runs on kubesim (sandbox.localsystem: the webhook under gunicorn over TLS, the allocator as a
 process) beside `sparkgate certs sync --loop`, and Prometheus (Debian's package, `make tools`) scrapes all
-three every two seconds over loopback, the webhook over HTTPS verified with its CA. A workload made to bind the
-limits runs: Spark drivers on a cluster too small for them, one app held by a missing source ConfigMap,
-a scale-down, an app that ends, a malformed admission request, a refused policy edit, a storm of dropped
-watches. Then:
+three every two seconds over loopback, the webhook over HTTPS verified with its CA, the webhook's and the
+allocator's targets labelled as the Prometheus Operator labels them (`operator_target`). A workload made to
+bind the limits runs: Spark drivers on a cluster too small for them, one app held by a missing source
+ConfigMap, a scale-down, an app that ends, a malformed admission request, a refused policy edit, a storm of
+dropped watches. Then:
 
 - every panel query of manifests/monitoring/sparkgate-dashboard.json, with its template variables
   substituted (all namespaces and apps, then one namespace and app), returns at least one number through
@@ -279,6 +280,43 @@ class Run:
         return f"{int(time.time() - self.prometheus.started) + 5}s"
 
 
+POD = "sparkgate-7d4b9c-x2k8q"
+
+
+SERVICE_MONITORS = (
+    Path(__file__).resolve().parents[2]
+    / "manifests"
+    / "components"
+    / "prometheus-operator"
+    / "servicemonitor.yaml"
+)
+
+
+def operator_target(container: str, port: str, target: str) -> dict[str, Any]:
+    """The scrape of one container as the Prometheus Operator makes it from components/prometheus-operator:
+    both ServiceMonitors scrape the Service sparkgate-metrics without a jobLabel, so both containers have
+    the same `job`, and `container` and `pod` tell them apart (a target label overrides the job_name); every
+    target also gets `namespace` and `endpoint` (the port's name), which sparkgate's own series have too:
+    the ServiceMonitor endpoint's honorLabels decides which wins (Prometheus's honor_labels)."""
+    [endpoint] = [
+        e
+        for monitor in yaml.safe_load_all(SERVICE_MONITORS.read_text())
+        for e in monitor["spec"]["endpoints"]
+        if e["port"] == port
+    ]
+    labels = {
+        "job": "sparkgate-metrics",
+        "container": container,
+        "pod": POD,
+        "namespace": "sparkgate-system",
+        "endpoint": port,
+    }
+    return {
+        "honor_labels": bool(endpoint.get("honorLabels", False)),
+        "static_configs": [{"targets": [target], "labels": labels}],
+    }
+
+
 def _metric_value(text: str, prefix: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
 
@@ -312,13 +350,13 @@ def run(tmp_path_factory: pytest.TempPathFactory, prometheus_rule: dict[str, Any
         scrape = [
             {
                 "job_name": "sparkgate-allocator",
-                "static_configs": [{"targets": [f"127.0.0.1:{system.allocator.port}"]}],
+                **operator_target("allocator", "allocator-http", f"127.0.0.1:{system.allocator.port}"),
             },
             {
                 "job_name": "sparkgate-webhook",
                 "scheme": "https",
                 "tls_config": {"ca_file": str(ca)},
-                "static_configs": [{"targets": [f"127.0.0.1:{system.webhook.port}"]}],
+                **operator_target("webhook", "webhook-https", f"127.0.0.1:{system.webhook.port}"),
             },
             {"job_name": "sparkgate-certs", "static_configs": [{"targets": [f"127.0.0.1:{certs.port}"]}]},
         ]
@@ -542,7 +580,11 @@ def test_every_alert_fires_in_its_scenario(run: Run, alert_rules: list[dict[str,
         "SparkgateWatchRestartStorm": (lambda a: a["watch"], ["copies", "sources"]),
         # The certificate the local webhook serves lives a day; the Secret's live 90 days and 3 years.
         "SparkgateCertificateExpiresSoon": (lambda a: a["certificate"], ["webhook-serving"]),
-        "SparkgatePolicyRejected": (lambda a: a["job"], ["sparkgate-allocator", "sparkgate-webhook"]),
+        # Both containers refuse it: told apart by `container` (their `job` is the same; the rule drops it).
+        "SparkgatePolicyRejected": (
+            lambda a: (a["container"], a["pod"], a.get("job")),
+            [("allocator", POD, None), ("webhook", POD, None)],
+        ),
         # The blanked caBundle, repaired by the certificate loop.
         "SparkgateCaBundleDrift": (lambda a: a["job"], ["sparkgate-certs"]),
         # The leader's policy probe: the profile naming a PriorityClass that does not exist, where it applies.
@@ -567,7 +609,7 @@ def test_every_alert_fires_in_its_scenario(run: Run, alert_rules: list[dict[str,
         its series stale, and no series at all is what the no-leader alert is about."""
 
         def problems() -> list[str]:
-            if not prometheus.query('up{job="sparkgate-allocator"} == 1'):
+            if not prometheus.query('up{container="allocator"} == 1'):
                 return ["the allocator's last scrape failed"]
             active = {a["labels"]["alertname"] for a in prometheus.alerts() + prometheus.alerts("pending")}
             return [f"{name} is active" for name in sorted(quiet & active)]
