@@ -302,6 +302,8 @@ def parse_args(body: bytes) -> Args:
         document = json.loads(body)
     except ValueError as e:
         raise BadRequest(f"the body is not JSON: {e}") from None
+    except RecursionError:
+        raise BadRequest("the body is nested too deeply") from None
     if not isinstance(document, dict):
         raise BadRequest("expected an ExtenderArgs object")
     fields = {str(k).lower(): v for k, v in document.items()}

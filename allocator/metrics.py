@@ -298,7 +298,9 @@ class AllocatorMetrics:
         with self._namespaces_lock:
             if namespace not in self.namespaces:
                 self.namespaces.add(namespace)
-                # The counters from 0, so that rate() and increase() see the namespace's first increment.
+                # The write-failures counter from 0, so that increase() sees a namespace's first failure
+                # (the releases' 0 is made here too, but its first increment follows under this lock before
+                # any scrape: the alerts' `unless ... offset` covers that step).
                 self.releases.labels(namespace)
                 self.write_failures.labels(namespace)
             self._absent.pop(namespace, None)

@@ -93,6 +93,7 @@ class Placement:
 
     def observe(self, previous: PodRecord | None, current: PodRecord | None) -> None:
         """An executor pod changed (current None: it is gone)."""
+        retention = self.retention()  # before the lock: it reads the policy file now and then
         with self._lock:
             if previous is not None and (current is None or previous.uid != current.uid):
                 self._count(previous, -1)
@@ -107,19 +108,20 @@ class Placement:
             if current.phase == "Failed" and current.node and current.uid not in self._counted:
                 # A finishedAt ahead of this clock (skew between nodes) counts as now.
                 age = max(0.0, self.clock() - current.finished) if current.finished else 0.0
-                if age >= self.retention():
+                if age >= retention:
                     return
                 self._counted.add(current.uid)
                 failure = Failure(self.monotonic() - age, current.app, current.node, failure_kind(current))
                 bisect.insort(self._failures.setdefault(current.node, collections.deque()), failure, key=_at)
                 bisect.insort(self._by_app.setdefault(current.app, collections.deque()), failure, key=_at)
                 self.version += 1
-                self._prune(self._failures, current.node)
-                self._prune(self._by_app, current.app)
+                horizon = self.monotonic() - retention
+                self._prune(self._failures, current.node, horizon)
+                self._prune(self._by_app, current.app, horizon)
                 if self.version % 256 == 0:  # now and then, forget the nodes and apps nobody asks about
                     for index in (self._failures, self._by_app):
                         for key in list(index):
-                            self._prune(index, key)
+                            self._prune(index, key, horizon)
 
     def _count(self, record: PodRecord | None, delta: int) -> None:
         if not _live(record):
@@ -185,8 +187,8 @@ class Placement:
 
     # --- reading -----------------------------------------------------------------------------------------
 
-    def _prune(self, index: dict[Any, collections.deque[Failure]], key: Any) -> None:
-        horizon = self.monotonic() - self.retention()
+    def _prune(self, index: dict[Any, collections.deque[Failure]], key: Any, horizon: float) -> None:
+        """Forget the failures of `key` older than `horizon` (the monotonic time the retention reaches)."""
         failures = index.get(key)
         while failures and failures[0].at < horizon:
             failures.popleft()
@@ -195,10 +197,11 @@ class Placement:
 
     def failures(self, window: float) -> dict[str, list[Failure]]:
         """The failures seen within the last `window` seconds, by node (only nodes that have some)."""
-        since = self.monotonic() - window
+        now = self.monotonic()
+        since, horizon = now - window, now - self.retention()
         with self._lock:
             for node in list(self._failures):
-                self._prune(self._failures, node)
+                self._prune(self._failures, node, horizon)
             return {
                 node: [f for f in failures if f.at >= since]
                 for node, failures in self._failures.items()
@@ -207,9 +210,10 @@ class Placement:
 
     def app_failures(self, app: AppKey, window: float) -> list[Failure]:
         """The app's failures seen within the last `window` seconds, oldest first."""
-        since = self.monotonic() - window
+        now = self.monotonic()
+        since, horizon = now - window, now - self.retention()
         with self._lock:
-            self._prune(self._by_app, app)
+            self._prune(self._by_app, app, horizon)
             return [f for f in self._by_app.get(app, ()) if f.at >= since]
 
     def executors(self, app: AppKey) -> Mapping[str, int]:

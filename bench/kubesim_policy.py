@@ -24,6 +24,7 @@ from kubernetes import client, config
 
 from kubesim.apiserver import ADMIN
 from kubesim.cluster import Cluster
+from kubesim.jsondata import clone
 from kubesim.store import AdmissionRequest
 
 from . import common
@@ -112,8 +113,9 @@ def _round(cluster: Cluster, core: client.CoreV1Api, pods: int, tag: str) -> dic
         started = time.perf_counter()
         core.create_namespaced_pod("spark", body)
         http_ms.append((time.perf_counter() - started) * 1000)
+        # The chain changes the request's object in place (the store hands it its own copy).
         request = AdmissionRequest(
-            "CREATE", "pods", "", "spark", body["metadata"]["name"], body, None, ADMIN, False
+            "CREATE", "pods", "", "spark", body["metadata"]["name"], clone(body), None, ADMIN, False
         )
         started = time.perf_counter()
         cluster.chain.mutate(request)

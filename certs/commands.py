@@ -4,7 +4,8 @@ Environment variables give the in-cluster defaults so that the manifests set the
 SPARKGATE_NAMESPACE, SPARKGATE_CERT_SECRET, SPARKGATE_WEBHOOK_SERVICE, SPARKGATE_WEBHOOK_CONFIGURATION,
 POD_NAME (the Lease identity), KUBECONFIG (absent in a pod: the service account is used), the lifetimes
 SPARKGATE_CA_LIFETIME, SPARKGATE_CA_RENEW_BEFORE, SPARKGATE_SERVING_LIFETIME,
-SPARKGATE_SERVING_RENEW_BEFORE, SPARKGATE_CA_OVERLAP (durations: `90d`, `12h`, `10m`, `30s`) and the cycle
+SPARKGATE_SERVING_RENEW_BEFORE, SPARKGATE_CA_OVERLAP, SPARKGATE_CA_KEEP_PREVIOUS (durations: `90d`, `12h`,
+`10m`, `30s`) and the cycle
 SPARKGATE_CERTS_INTERVAL (seconds). The allocator, which runs rotation in the installed system, takes the
 same options (`add_target_options`). SPARKGATE_CERTS_SYNC=false turns `certs sync` and the allocator's
 rotation off: the cert-manager overlay sets it, since there cert-manager owns the Secret and cainjector the

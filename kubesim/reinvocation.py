@@ -21,8 +21,9 @@ Obj = dict[str, Any]
 
 
 def _snapshot(obj: Obj) -> bytes:
-    """What `output_changed` compares: the object's JSON text with its keys sorted (equal texts, equal
-    objects), a tenth of a deep copy's cost (the copy's decoding is the dear half)."""
+    """What `output_changed` compares: the object's JSON text with its keys sorted, a tenth of a deep copy's
+    cost (the copy's decoding is the dear half). Equal texts are equal objects; the converse fails only for
+    a number whose type a plugin changed (1 and 1.0), which then counts as a change."""
     try:
         return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
     except TypeError:  # what orjson refuses (an integer past 64 bits) is written by json

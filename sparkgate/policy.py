@@ -128,6 +128,7 @@ class Policy:
     )
     # is_excluded's answers by namespace (asked per app decided and per namespace scraped).
     _excluded: dict[str, bool] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _longest_window: list[float] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def is_excluded(self, namespace: str) -> bool:
         excluded = self._excluded.get(namespace)
@@ -169,9 +170,11 @@ class Policy:
 
     def longest_failure_window(self) -> float:
         """The longest failureWindowSeconds in force, the defaults' or a profile's: how long the extender
-        must keep a failure."""
-        windows = [self.scheduling_for(p.name).failure_window_seconds for p in self.profiles]
-        return float(max([self.scheduling.failure_window_seconds, *windows]))
+        must keep a failure (asked at each failure and each extender request: worked out once)."""
+        if not self._longest_window:
+            windows = [self.scheduling_for(p.name).failure_window_seconds for p in self.profiles]
+            self._longest_window.append(float(max([self.scheduling.failure_window_seconds, *windows])))
+        return self._longest_window[0]
 
     def allocation_for(
         self, profile: Profile | None, annotations: Mapping[str, str]
@@ -362,7 +365,10 @@ DEFAULT_ALLOCATION: dict[str, Any] = {
 
 def load_policy(text: str, install_namespace: str = contract.INSTALL_NAMESPACE) -> Policy:
     """Parse and validate a policy document, or raise PolicyError listing every problem."""
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)  # refuses a control character at once (ReaderError)
+    except yaml.YAMLError as exc:
+        raise PolicyError([f"(document): not valid YAML: {exc}"]) from None
     try:
         document = loader.get_single_data()
     except yaml.YAMLError as exc:

@@ -118,11 +118,24 @@ def _on_starting(server: Any) -> None:
 
 def _post_worker_init(worker: Any) -> None:
     """Load the serving certificate as the worker starts, not at its first connection, so that every worker
-    has a context to keep serving should a rotated one fail to load. A worker that cannot load one at all
-    fails to boot, and gunicorn stops: it could not serve a single connection."""
+    has a context to keep serving should a rotated one fail to load. At the webhook's start (the first
+    `workers` workers) one that cannot fails to boot, and gunicorn stops: nothing could serve a connection.
+    A worker started later (one that replaced a dead one) logs it and tries again at each connection: a boot
+    error there would halt gunicorn and take the other workers, serving their last good pair, with it.
+    (`gunicorn.sock.ssl_context` is gunicorn's own hook caller, which its other workers use; a gunicorn
+    without it fails every worker's boot, loudly.)"""
     from gunicorn.sock import ssl_context
 
-    ssl_context(worker.cfg)
+    try:
+        ssl_context(worker.cfg)
+    except OSError as e:  # ssl.SSLError included
+        if worker.age <= worker.cfg.workers:
+            raise
+        log.error(
+            "worker %s cannot load the serving certificate: %s; trying again at each connection",
+            worker.pid,
+            e,
+        )
 
 
 def _child_exit(server: Any, worker: Any) -> None:

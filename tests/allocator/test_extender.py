@@ -326,6 +326,7 @@ def test_node_objects_in_are_node_objects_out_and_field_names_match_case_insensi
     ("body", "error"),
     [
         (b"{", "the body is not JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, "the body is nested too deeply"),
         (b"[]", "expected an ExtenderArgs object"),
         (b'{"NodeNames": []}', "Pod: expected the pod object"),
         (b'{"Pod": {}, "NodeNames": [1]}', "NodeNames: expected a list of node names"),

@@ -95,15 +95,21 @@ def test_wrong_or_empty_ca_bundles_are_reinjected() -> None:
     assert needs_injection(trust_bundle(data), {HOOKS[0]: b"\n" + data[CA_CRT]}) == ()
 
 
+# How long after the Secret changed a replica may still serve the certificate it replaced (docs/operations.md,
+# "Lifetimes and rotation schedule": a node cut off from the API server for days).
+SERVED_STALE = dt.timedelta(days=7)
+
+
 def test_rollover_keeps_every_recent_serving_certificate_trusted() -> None:
     """Walk three CA lifetimes in daily sync cycles (10 minutes around the rollover steps), injecting
     after each Secret write as `certs sync` does, with the API server lagging one cycle behind. At every
-    instant, each serving certificate written in the last `keep_previous` (what a replica whose Secret
+    instant, each serving certificate replaced less than SERVED_STALE ago (what a replica whose Secret
     volume has not caught up yet still serves: a minute or two, days on a node cut off from the API server)
     verifies against every caBundle the API server holds."""
     data = advance(None, (Step.CREATE,), NAMES, T0, LIFE)
     bundles = {ref: trust_bundle(data) for ref in HOOKS}
-    served: list[tuple[dt.datetime, bytes]] = [(T0, data[TLS_CRT])]
+    # Each serving certificate and when the Secret stopped holding it (None: it still does).
+    served: list[tuple[bytes, dt.datetime | None]] = [(data[TLS_CRT], None)]
     seen_steps: list[Step] = []
     now = T0
     while now < T0 + 3 * LIFE.ca:
@@ -111,12 +117,13 @@ def test_rollover_keeps_every_recent_serving_certificate_trusted() -> None:
         seen_steps += steps
         if steps:
             data = advance(data, steps, NAMES, now, LIFE)
-            if data[TLS_CRT] != served[-1][1]:
-                served.append((now, data[TLS_CRT]))
+            if data[TLS_CRT] != served[-1][0]:
+                served[-1] = (served[-1][0], now)
+                served.append((data[TLS_CRT], None))
         for ref in needs_injection(trust_bundle(data), bundles):
             bundles[ref] = trust_bundle(data)
-        recent = [pem for at, pem in served if now - at < LIFE.keep_previous] or [served[-1][1]]
-        recent.append(served[-1][1])
+        # What a replica may still serve: the current one, and any replaced less than keep_previous ago.
+        recent = [pem for pem, replaced in served if replaced is None or now - replaced < SERVED_STALE]
         for pem in recent:
             for bundle in bundles.values():
                 assert verifies(pem, bundle, now), (now, seen_steps[-3:])

@@ -166,6 +166,9 @@ def test_wrong_header_and_bad_yaml() -> None:
         load_policy("apiVersion: sparkgate.io/v1alpha1\n")
     with pytest.raises(PolicyError, match=r"line 4, column 1: not valid YAML"):
         load_policy(HEAD + "profiles: [\n")
+    # A control character (an escape sequence pasted from a terminal): PyYAML's reader refuses it at once.
+    with pytest.raises(PolicyError, match=r"not valid YAML: .*special characters are not allowed"):
+        load_policy(HEAD + "excludedNamespaces: [a\x07]\n")
 
 
 def test_nesting_too_deep_to_read_is_an_error_with_its_place() -> None:

@@ -24,7 +24,7 @@ from certs.pki import make_ca
 from sandbox.local_webhook import LocalWebhook, write_serving_cert
 from sparkgate import contract
 from webhook.review import BODY_TIMEOUT
-from webhook.server import CachedSSLContext, ServerOptions, build_app
+from webhook.server import CachedSSLContext, ServerOptions, _post_worker_init, build_app
 
 from ..sparkgate.mutation.test_mutation import executor, request_for
 
@@ -184,6 +184,33 @@ def test_a_webhook_whose_certificate_does_not_load_at_the_start_exits(tmp_path: 
     with pytest.raises(RuntimeError, match="the webhook exited"):
         w.start()
     assert "Worker failed to boot" in (tmp_path / "webhook.log").read_text()
+
+
+def test_a_replacement_worker_that_cannot_load_the_certificate_logs_it_and_does_not_halt_the_webhook(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker gunicorn starts to replace a dead one (its age past the first `workers`) while the files are
+    bad: a boot error would halt the master and the workers still serving their last good pair; it logs and
+    goes on. A first worker raises, as the test above shows through a real gunicorn."""
+    replace_file(tmp_path / "tls.crt", b"not a certificate")
+    (tmp_path / "tls.key").write_bytes(b"")
+    cfg = SimpleNamespace(
+        workers=2,
+        certfile=str(tmp_path / "tls.crt"),
+        keyfile=str(tmp_path / "tls.key"),
+        ssl_context=CachedSSLContext(),
+        ca_certs=None,
+        cert_reqs=ssl.CERT_NONE,
+        ciphers=None,
+        ssl_version=ssl.PROTOCOL_TLS_SERVER,
+        do_handshake_on_connect=False,
+        suppress_ragged_eofs=True,
+    )
+    with pytest.raises(OSError):
+        _post_worker_init(SimpleNamespace(age=2, pid=11, cfg=cfg))
+    with caplog.at_level(logging.ERROR, logger="webhook.server"):
+        _post_worker_init(SimpleNamespace(age=3, pid=12, cfg=cfg))
+    assert "worker 12 cannot load the serving certificate" in caplog.text
 
 
 def test_a_worker_boots_on_a_policy_that_breaks_the_loader_and_is_not_ready(tmp_path: Path) -> None:
