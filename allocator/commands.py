@@ -417,7 +417,11 @@ def assemble(
     for task in tasks:
         for result in ("ok", "error"):
             metrics.task_runs.labels(task.name, result)
-    return Allocator(controller, Extender(placement, policy, metrics), tasks, stop, probe)
+    placement_watches = [r for r in reflectors if r.name in ("executors", "drivers", "nodes")]
+    extender = Extender(
+        placement, policy, metrics, synced=lambda: all(r.resource_version for r in placement_watches)
+    )
+    return Allocator(controller, extender, tasks, stop, probe)
 
 
 def run_allocator(args: argparse.Namespace) -> int:

@@ -338,11 +338,15 @@ class Extender:
         policy: PolicySource,
         metrics: AllocatorMetrics,
         *,
+        synced: Callable[[], bool] = lambda: True,
         perf_counter: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.placement = placement
         self.policy = policy
         self.metrics = metrics
+        # Whether the watches the placement comes from have listed (a replica that just started knows no
+        # failure and no node yet: it answers as for a pod it does not manage, counted `not_synced`).
+        self.synced = synced
         self.perf_counter = perf_counter
         # (placement version and top-level settings, valid until, suspect nodes, apps failed per node)
         self._suspect: tuple[tuple[int, Scheduling], float, dict[str, Exclusion], dict[str, int]] | None = (
@@ -358,8 +362,9 @@ class Extender:
             args = parse_args(body)
             policy = self.policy.current()
             app = args.app
-            if app is None or policy is None:
-                outcome = "not_executor" if app is None else "no_policy"
+            synced = self.synced()
+            if app is None or policy is None or not synced:
+                outcome = "not_executor" if app is None else "no_policy" if policy is None else "not_synced"
                 if verb == "filter":
                     return 200, json.dumps(_filter_result(args, args.names, {})).encode()
                 return 200, self._priorities((n, 0) for n in args.names)

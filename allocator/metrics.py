@@ -245,7 +245,7 @@ class AllocatorMetrics:
             registry=r,
         )
         for verb in ("filter", "prioritize"):
-            for outcome in ("ok", "not_executor", "no_policy", "bad_request", "error"):
+            for outcome in ("ok", "not_executor", "no_policy", "not_synced", "bad_request", "error"):
                 self.extender_requests.labels(verb, outcome)
         self.extender_requests.labels("filter", "fallback")
         for scope in ("app", "node"):

@@ -454,3 +454,24 @@ profiles:
         None, record(A, "e2", "n2", phase="Failed", reason="OOMKilled", finished=wall.now - 3700)
     )
     assert answer(extender, "filter", args(A, ["n1", "n2"]))[1]["NodeNames"] == ["n2"]  # past every window
+
+
+def test_a_replica_whose_watches_have_not_listed_answers_neutrally_and_says_so(
+    placement: Placement, clock: Clock
+) -> None:
+    """Just after a start the placement knows no failure and no node: rather than answer as if every node
+    were healthy, the extender answers as for a pod it does not manage, counted `not_synced`."""
+    fail(placement, A, "a1", "n1")
+    fail(placement, A, "a2", "n1")
+    listed = [False]
+    extender = Extender(placement, Policy(POLICY), AllocatorMetrics(), synced=lambda: listed[0])
+    code, result = answer(extender, "filter", args(A, ["n1", "n2"]))
+    assert code == 200 and result["NodeNames"] == ["n1", "n2"] and not result.get("FailedNodes")
+    assert answer(extender, "prioritize", args(A, ["n1", "n2"]))[1] == [
+        {"Host": "n1", "Score": 0},
+        {"Host": "n2", "Score": 0},
+    ]
+    outcome = {"verb": "filter", "outcome": "not_synced"}
+    assert extender.metrics.sample("sparkgate_allocator_extender_requests_total", outcome) == 1
+    listed[0] = True
+    assert answer(extender, "filter", args(A, ["n1", "n2"]))[1]["NodeNames"] == ["n2"]

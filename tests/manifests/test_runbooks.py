@@ -19,6 +19,7 @@ cluster where a new executor pod is not gated.
 from __future__ import annotations
 
 import contextlib
+import copy
 import re
 import shlex
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from typing import Any
 import pytest
 
 from kubesim.cluster import Cluster
+from kubesim.errors import ApiError, UserInfo
 from kubesim.resources import RESOURCES
 from sandbox.localsystem import AllocatorProcess
 from sparkgate import contract
@@ -195,6 +197,38 @@ def installed(kustomize: ModuleType, components: tuple[str, ...] = ()) -> list[O
 def resource_of(obj: Obj) -> str:
     [resource] = [name for name, r in RESOURCES.items() if r.kind == obj["kind"]]
     return resource
+
+
+def test_every_pod_template_is_admitted_under_the_namespaces_restricted_pod_security(
+    kustomize: ModuleType, tmp_path: Path
+) -> None:
+    """The install namespace enforces the Pod Security Standards' `restricted` profile: the Deployment's and
+    the scheduler component's pods, created as their ReplicaSets would (a dry run), pass kubesim's
+    PodSecurity admission (policy/check_*.go); a container that asks for root is refused there."""
+    objects = installed(kustomize, ("scheduler",))
+    [namespace] = [o for o in objects if o["kind"] == "Namespace"]
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    deployments = [o for o in kustomize.install(("scheduler",)) if o["kind"] == "Deployment"]
+    assert {d["metadata"]["name"] for d in deployments} == {"sparkgate", "sparkgate-scheduler"}
+    with installed_on_kubesim(objects, tmp_path) as cluster:
+        admin = UserInfo("admin", groups=("system:masters", "system:authenticated"))
+        for deployment in deployments:
+            template = deployment["spec"]["template"]
+            pod = {
+                "metadata": {**template["metadata"], "name": deployment["metadata"]["name"]},
+                "spec": template["spec"],
+            }
+            cluster.store.create("pods", pod, namespace=contract.INSTALL_NAMESPACE, user=admin, dry_run=True)
+        root = copy.deepcopy(deployments[0]["spec"]["template"])
+        root["spec"]["securityContext"]["runAsNonRoot"] = False
+        with pytest.raises(ApiError, match='violates PodSecurity "restricted:latest"'):
+            cluster.store.create(
+                "pods",
+                {"metadata": {"name": "root"}, "spec": root["spec"]},
+                namespace=contract.INSTALL_NAMESPACE,
+                user=admin,
+                dry_run=True,
+            )
 
 
 def test_the_docs_show_every_form_of_release_the_runbooks_need() -> None:
