@@ -93,7 +93,10 @@ class Placement:
 
     def observe(self, previous: PodRecord | None, current: PodRecord | None) -> None:
         """An executor pod changed (current None: it is gone)."""
-        retention = self.retention()  # before the lock: it reads the policy file now and then
+        # Only for a failure (every executor event comes here), and before the lock: it asks the policy in
+        # force, which reads the policy file now and then.
+        failed = current is not None and current.phase == "Failed"
+        retention = self.retention() if failed else 0.0
         with self._lock:
             if previous is not None and (current is None or previous.uid != current.uid):
                 self._count(previous, -1)
@@ -105,7 +108,7 @@ class Placement:
             if _live(previous) != _live(current) or (previous and previous.node != current.node):
                 self._count(previous, -1)
                 self._count(current, +1)
-            if current.phase == "Failed" and current.node and current.uid not in self._counted:
+            if failed and current.node and current.uid not in self._counted:
                 # A finishedAt ahead of this clock (skew between nodes) counts as now.
                 age = max(0.0, self.clock() - current.finished) if current.finished else 0.0
                 if age >= retention:

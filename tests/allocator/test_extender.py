@@ -475,3 +475,16 @@ def test_a_replica_whose_watches_have_not_listed_answers_neutrally_and_says_so(
     assert extender.metrics.sample("sparkgate_allocator_extender_requests_total", outcome) == 1
     listed[0] = True
     assert answer(extender, "filter", args(A, ["n1", "n2"]))[1]["NodeNames"] == ["n2"]
+
+
+def test_the_retention_is_asked_for_failures_only(clock: Clock) -> None:
+    """Every executor event reaches Placement.observe: the retention (the policy in force, which reads its
+    file now and then) is asked only when a pod failed, not on the hot path of every other change."""
+    asked: list[int] = []
+    placement = Placement(monotonic=clock, retention=lambda: asked.append(1) or 600.0)
+    running = record(A, "a1", "n1")
+    placement.observe(None, running)
+    placement.observe(running, msgspec.structs.replace(running, node="n2"))
+    assert asked == []
+    placement.observe(running, msgspec.structs.replace(running, phase="Failed"))
+    assert asked == [1] and len(placement.app_failures(A, 600)) == 1
