@@ -25,6 +25,7 @@ import yaml
 
 from .errors import ApiError, UserInfo, bad_request
 from .faults import WRITES, Faults, LoggedRequest, RequestLog
+from .impersonation import PlainTextError, impersonate
 from .jsondata import encode
 from .resources import RESOURCES, SUBRESOURCES, groups
 from .store import Store
@@ -192,6 +193,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _send_text(self, code: int, text: str) -> None:
+        """Go's http.Error: a plain-text answer, not a Status."""
+        body = (text + "\n").encode()
+        self._record(code, 0)
+        self.send_response(code)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def _body(self) -> Any:
         raw = self._raw_body
         if not raw:
@@ -217,7 +229,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._raw_body = self.rfile.read(length) if length else b""  # always, to keep the connection in sync
         url = urllib.parse.urlsplit(self.path)
         query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
-        user = self._user()
+        requestor = user = self._user()
         route = parse_path(url.path)
         verb = _verb(method, route, query)
         self._logged = False
@@ -229,7 +241,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.api.log.add(
                     LoggedRequest(
                         time.time(),
-                        user.username if user else "",
+                        requestor.username if requestor else "",
                         verb,
                         route.audited if route else url.path,
                         route.namespace if route else None,
@@ -240,13 +252,15 @@ class _Handler(BaseHTTPRequestHandler):
                         route.subresource if route else "",
                         user.pod if user else "",
                         resource_version if verb in WRITES and 200 <= code < 300 else 0,
+                        user.username if user is not requestor and user else "",
                     )
                 )
 
         self._record = record
         try:
-            if user is None:
+            if requestor is None:
                 raise ApiError(401, "Unauthorized", "Unauthorized")
+            user = impersonate(requestor, self.headers.items(), self.path)
             if route is None:
                 self._discovery(url.path)
                 return
@@ -277,6 +291,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(code, ApiError(code, reason, f"kubesim: injected {code}").status(), e.headers)
         except ApiError as e:
             self._send(e.code, e.status())
+        except PlainTextError as e:
+            self._send_text(e.code, e.text)
         except ValueError as e:
             self._send(400, bad_request(str(e)).status())
         except (BrokenPipeError, ConnectionResetError):

@@ -177,7 +177,8 @@ class LoggedRequest:
     committed); `code` 0: no answer was sent (a hang). `pod`: the pod the caller's service account token
     is bound to (`authentication.kubernetes.io/pod-name`), "" for other users. `resource_version`: for a
     write that went through, the resourceVersion the store committed it at (the object's, in the answer),
-    so writes are ordered exactly as applied, whatever the threads' timing; 0 otherwise."""
+    so writes are ordered exactly as applied, whatever the threads' timing; 0 otherwise. `user` is who
+    authenticated (audit's `user`), `impersonated` whom it acted as (audit's `impersonatedUser`), "" if no one."""
 
     time: float
     user: str
@@ -191,6 +192,7 @@ class LoggedRequest:
     subresource: str = field(default="")
     pod: str = field(default="")
     resource_version: int = field(default=0)
+    impersonated: str = field(default="")
 
     @property
     def identity(self) -> str:

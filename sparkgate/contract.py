@@ -27,6 +27,9 @@ POLICY_CONFIGMAP = "sparkgate-policy"  # the policy's ConfigMap (configMapGenera
 # Besides the allocator, the only ones the gate protection lets remove the gate: the admin's break-glass
 # path (`sparkgate release`). The install binds nobody to it; an admin binds themselves when needed.
 BREAK_GLASS_GROUP = "sparkgate:break-glass"
+# The user an admin impersonates with that group where they cannot be a member (`sparkgate release --as
+# sparkgate-break-glass --as-group sparkgate:break-glass`; ClusterRole sparkgate-break-glass-impersonator).
+BREAK_GLASS_USER = "sparkgate-break-glass"
 
 # Labels Spark sets on every executor pod (Spark's KubernetesConf / Constants); never changed by sparkgate.
 LABEL_ROLE = "spark-role"

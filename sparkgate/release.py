@@ -4,7 +4,9 @@ The allocator is the one that releases pods, within the limits; this command is 
 down, or an app must be unblocked now) and for the uninstall. It runs with the admin's own credentials (a
 kubeconfig, else the in-cluster service account), which the gate protection admits only for members of
 the group `sparkgate:break-glass` (contract.BREAK_GLASS_GROUP): the install binds nobody to it, so an
-admin is never let through by accident (docs/operations.md, "Releasing executor pods by hand").
+admin is never let through by accident (docs/operations.md, "Releasing executor pods by hand"). Where an
+admin's groups come from an identity provider they cannot change (GKE, AKS), `--as`/`--as-group` act as
+a member of it through the API server's impersonation, as kubectl's flags of the same names do.
 
 Each pod is released with the allocator's own patch (contract.gate_removal: a `test` of the gate's entry,
 then its removal), so a concurrent change of the pod's gates is detected and the pod re-read, never
@@ -21,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from sparkgate import contract
-from sparkgate.kube import Invalid, Kube, KubeError, NotFound, kubeconfig_path
+from sparkgate.kube import Impersonation, Invalid, Kube, KubeError, NotFound, kubeconfig_path
 
 Obj = dict[str, Any]
 ATTEMPTS = 3  # re-reads of a pod whose gates changed between our read and our patch
@@ -52,6 +54,19 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--kubeconfig",
         help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else the in-cluster service account)",
     )
+    p.add_argument(
+        "--as",
+        dest="act_as",
+        metavar="USER",
+        help="act as this user (kubectl's --as: needs the RBAC verb 'impersonate'); for an admin who cannot "
+        f"be a member of {contract.BREAK_GLASS_GROUP}: --as <you> --as-group {contract.BREAK_GLASS_GROUP}",
+    )
+    p.add_argument(
+        "--as-group",
+        action="append",
+        metavar="GROUP",
+        help="act as a member of this group (repeatable; needs --as)",
+    )
     p.set_defaults(run=run_release)
 
 
@@ -59,7 +74,12 @@ def run_release(args: argparse.Namespace) -> int:
     if args.pod and not args.namespace:
         print("sparkgate release: --pod needs -n/--namespace", file=sys.stderr)
         return 2
-    kube = Kube.from_kubeconfig(kubeconfig_path(args.kubeconfig))
+    if args.as_group and not args.act_as:
+        # kube-apiserver answers groups without a user with a 500 (impersonation.go): say it here.
+        print("sparkgate release: --as-group needs --as (the user to act as)", file=sys.stderr)
+        return 2
+    act_as = Impersonation(args.act_as, tuple(args.as_group or ())) if args.act_as else None
+    kube = Kube.from_kubeconfig(kubeconfig_path(args.kubeconfig), act_as=act_as)
     try:
         return release(kube, args.namespace, app=args.app, pods=args.pod or (), dry_run=args.dry_run)
     except KubeError as e:

@@ -318,3 +318,45 @@ def test_the_break_glass_group_is_granted_exactly_what_sparkgate_release_calls(
     assert all(any(allows(rule, "", *request) for rule in role["rules"]) for request in requests)
     granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
     assert granted == requests and all(rule["apiGroups"] == [""] for rule in role["rules"])
+
+
+def test_the_impersonator_role_lets_an_admin_act_as_the_break_glass_group_and_nothing_more(
+    rendered: dict[tuple[str, str], Obj], tmp_path: Path
+) -> None:
+    """Where an admin cannot be a member of the group (groups from an identity provider), `sparkgate release
+    --as sparkgate-break-glass --as-group sparkgate:break-glass` acts as one: kubesim applies the
+    Impersonate-* headers as kube-apiserver does (kubesim/impersonation.py), and the shipped ClusterRole
+    allows impersonating exactly that user and that group."""
+    role = rendered[("ClusterRole", "sparkgate-break-glass-impersonator")]
+    bindings = [o for (kind, _), o in rendered.items() if kind in ("ClusterRoleBinding", "RoleBinding")]
+    assert role["metadata"]["name"] not in {b["roleRef"]["name"] for b in bindings}  # bound to nobody
+    wanted = {("users", contract.BREAK_GLASS_USER), ("groups", contract.BREAK_GLASS_GROUP)}
+    assert all(any(allows(rule, "", r, "impersonate", name) for rule in role["rules"]) for r, name in wanted)
+    granted = {
+        (r, n, v)
+        for rule in role["rules"]
+        for r in rule["resources"]
+        for n in rule["resourceNames"]
+        for v in rule["verbs"]
+    }
+    assert granted == {(r, n, "impersonate") for r, n in wanted}
+    with Cluster(nodes=1, namespaces=("default", "spark"), workdir=tmp_path) as cluster:
+        pod = {
+            "metadata": {
+                "name": "app-exec-1",
+                "namespace": "spark",
+                "labels": {contract.LABEL_ROLE: contract.ROLE_EXECUTOR, contract.LABEL_APP_ID: "app"},
+            },
+            "spec": {"containers": [{"name": "c", "image": "i"}], "schedulingGates": [{"name": GATE}]},
+        }
+        cluster.store.create("pods", pod, namespace="spark")
+        config = str(cluster.kubeconfig("admin"))
+        act_as = ["--as", contract.BREAK_GLASS_USER, "--as-group", contract.BREAK_GLASS_GROUP]
+        assert main(["release", "--kubeconfig", config, "-n", "spark", "--app", "app", *act_as]) == 0
+        entries = [e for e in cluster.requests.entries() if e.user == "admin" and e.resource == "pods"]
+        [stored] = cluster.store.list_objects("pods")[0]
+    assert {(e.verb, e.impersonated) for e in entries} == {
+        ("list", contract.BREAK_GLASS_USER),
+        ("patch", contract.BREAK_GLASS_USER),
+    }
+    assert not stored["spec"].get("schedulingGates")

@@ -156,6 +156,13 @@ def test_a_pod_needs_its_namespace(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().err == "sparkgate release: --pod needs -n/--namespace\n"
 
 
+def test_groups_to_act_as_need_a_user(capsys: pytest.CaptureFixture[str]) -> None:
+    """kube-apiserver answers Impersonate-Group without Impersonate-User with a 500 (impersonation.go):
+    the command says what is missing instead, before any request."""
+    assert main(["release", "-A", "--as-group", contract.BREAK_GLASS_GROUP]) == 2
+    assert capsys.readouterr().err == "sparkgate release: --as-group needs --as (the user to act as)\n"
+
+
 def test_a_named_pod_that_is_gone_is_skipped_and_the_others_are_released(
     cluster: Cluster, capsys: pytest.CaptureFixture[str]
 ) -> None:

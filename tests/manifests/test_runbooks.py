@@ -236,6 +236,8 @@ def test_the_docs_show_every_form_of_release_the_runbooks_need() -> None:
     assert "sparkgate release -A" in commands  # the uninstall
     assert "sparkgate release -n <namespace> --app <app id>" in commands  # the allocator is down
     assert "sparkgate release -n <namespace> --app <app>" in commands  # SparkgateExecutorsHeld's labels
+    impersonating = f"--as {contract.BREAK_GLASS_USER} --as-group {contract.BREAK_GLASS_GROUP}"
+    assert f"sparkgate release -n <namespace> --app <app id> {impersonating}" in commands  # GKE, AKS
     for heading in ("The allocator is down", "SparkgateNoAllocatorLeader", "SparkgateExecutorsHeld"):
         assert "`sparkgate release -n <namespace> --app <app" in section(DOCS[1], heading), heading
 
@@ -244,15 +246,24 @@ def test_the_docs_show_every_form_of_release_the_runbooks_need() -> None:
 def test_each_release_command_of_the_docs_releases_what_it_names_and_only_for_the_break_glass_group(
     cluster: Cluster, command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A command that impersonates the group (`--as ... --as-group`) is run by a cluster admin, who may
+    impersonate, and refused to a user who may not; the others by a member of the group, and refused to a
+    cluster admin outside it."""
     argv = fill(command)
     before = gated(cluster)
-    outsider = cluster.kubeconfig("admin")  # system:masters, not in the break-glass group
+    if "--as-group" in argv:
+        assert argv[argv.index("--as") + 1] == contract.BREAK_GLASS_USER
+        assert argv[argv.index("--as-group") + 1] == contract.BREAK_GLASS_GROUP
+        outsider, refusal = cluster.add_user("dev@example.com"), "cannot impersonate"
+        allowed = cluster.kubeconfig("admin")  # system:masters: may impersonate, as cluster-admin may
+    else:
+        outsider, refusal = cluster.kubeconfig("admin"), "may remove the scheduling gate"
+        allowed = cluster.add_user("ops@example.com", groups=(contract.BREAK_GLASS_GROUP,))
     monkeypatch.setenv("KUBECONFIG", str(outsider))
     assert main(argv[1:]) == 1, command
-    assert "may remove the scheduling gate" in capsys.readouterr().err
+    assert refusal in capsys.readouterr().err
     assert gated(cluster) == before
-    member = cluster.add_user("ops@example.com", groups=(contract.BREAK_GLASS_GROUP,))
-    monkeypatch.setenv("KUBECONFIG", str(member))
+    monkeypatch.setenv("KUBECONFIG", str(allowed))
     assert main(argv[1:]) == 0, command
     out = capsys.readouterr().out
     expected = set() if "--dry-run" in argv else chosen(argv)
