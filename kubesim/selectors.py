@@ -3,8 +3,9 @@
 Label selectors: `k=v`, `k==v`, `k!=v`, `k in (a,b)`, `k notin (a,b)`, `k`, `!k`, joined by commas
 (https://kubernetes.io/docs/concepts/overview/working-with-objects/labels/#label-selectors).
 Field selectors: `=`, `==`, `!=` on the fields kubesim indexes (metadata.name, metadata.namespace,
-spec.nodeName, status.phase); any other field is refused with 400 as the real server refuses fields it
-does not support for a resource.
+spec.nodeName, spec.schedulerName, status.phase: a subset of the pod's in pkg/registry/core/pod/strategy.go
+`ToSelectableFields`); any other field is refused with 400 as the real server refuses fields it does not
+support for a resource.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ FIELDS = {
     "metadata.name": ("metadata", "name"),
     "metadata.namespace": ("metadata", "namespace"),
     "spec.nodeName": ("spec", "nodeName"),
+    "spec.schedulerName": ("spec", "schedulerName"),  # docs/install.md's uninstall with components/scheduler
     "status.phase": ("status", "phase"),
 }
 
