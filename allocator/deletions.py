@@ -21,7 +21,7 @@ from typing import Any
 
 from sparkgate import contract
 from sparkgate.contract import AppKey
-from sparkgate.kube import Kube, KubeError, NotFound, NotLeading
+from sparkgate.kube import Conflict, Kube, KubeError, NotFound, NotLeading
 
 from .model import DeletionReason, DeletionRecord, PodRecord
 from .workqueue import Backoff
@@ -88,6 +88,20 @@ class History:
             dropped += 1
         self.dropped += dropped
         return dropped
+
+    def merge(self, stored: History, keep: int = EXECUTOR_IDS) -> None:
+        """Fold in a copy another writer saved (a deposed leader's write that landed late): the union of what
+        both recorded. Counts by reason are each side's larger (both counted the records they share); the
+        executor ids are the union, trimmed to `keep`; `finished_at` stays this one's (the live view)."""
+        for reason, n in stored.counts.items():
+            self.counts[reason] = max(self.counts[reason], n)
+        mine = set(self.recent)
+        records = sorted([*self.recent, *(r for r in stored.recent if r not in mine)], key=lambda r: r.at)
+        self.recent = collections.deque(records[-RECENT:], maxlen=RECENT)
+        ids = sorted(self.exec_ids | stored.exec_ids)
+        self._heap = ids[-keep:] if keep else []
+        self.exec_ids = set(self._heap)
+        self.dropped = max(self.dropped, stored.dropped) + len(ids) - len(self._heap)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -198,6 +212,10 @@ class HistoryStore:
         self._recorded: dict[AppKey, dict[str, None]] = {}
         self._recorded_count = 0
         self._failures: dict[AppKey, tuple[int, float]] = {}  # consecutive write failures, retry time
+        # The resourceVersion of each history's ConfigMap as last read or written: every PUT carries it, so a
+        # write another replica made since (a deposed leader's, landed late) is a 409, merged, never
+        # overwritten. None: not known to exist (a POST, an AlreadyExists merged the same way).
+        self._versions: dict[AppKey, str] = {}
 
     # --- reading and recording ---------------------------------------------------------------------------
 
@@ -282,6 +300,7 @@ class HistoryStore:
             log.warning("deletion histories not loaded yet: %s", e)
             return False
         loaded: dict[AppKey, History] = {}
+        versions: dict[AppKey, str] = {}
         for obj in items:
             meta = obj.get("metadata") or {}
             try:
@@ -293,11 +312,16 @@ class HistoryStore:
                 self._set_aside(obj, e)
                 continue
             loaded[AppKey(namespace, app_id)] = history
+            versions[AppKey(namespace, app_id)] = meta.get("resourceVersion") or ""
         with self._lock:
+            for key in self._dirty:  # changes not written yet: the union with what was saved meanwhile
+                if key in self._histories and key in loaded:
+                    self._histories[key].merge(loaded[key], self.executor_ids)
             self._histories = {
                 **loaded,
                 **{k: self._histories[k] for k in self._dirty if k in self._histories},
             }
+            self._versions = versions
         self.loaded = True
         return True
 
@@ -354,21 +378,27 @@ class HistoryStore:
             marks = {k: self._dirty[k] for k in bodies}
         for key, body in bodies.items():
             try:
-                try:
-                    self.kube.replace(f"{self.path}/{history_name(key)}", body)
-                except NotFound:
-                    self.kube.create(self.path, body)
+                saved = self._write(key, body)
             except NotLeading:
                 return  # this replica no longer leads: the new leader saves what it holds (load, record)
+            except Conflict as e:
+                # Written by another replica since this one read or wrote it: merged, written at the next flush.
+                log.warning(
+                    "deletion history of %s was changed by another writer (%s): merged", key, e.message
+                )
+                try:
+                    self._merge_stored(key)
+                except NotLeading:
+                    return
+                except KubeError as e:
+                    self._failed(key, e)
+                continue
             except KubeError as e:
-                self.on_write_failure()
-                with self._lock:
-                    failures = self._failures.get(key, (0, 0.0))[0] + 1
-                    self._failures[key] = (failures, self.monotonic() + self.backoff.delay(failures))
-                log.warning("deletion history of %s not saved (attempt %d): %s", key, failures, e)
+                self._failed(key, e)
                 continue
             with self._lock:
                 self._failures.pop(key, None)
+                self._versions[key] = (saved.get("metadata") or {}).get("resourceVersion") or ""
                 if self._dirty.get(key) == marks[key]:  # not changed since its body was taken
                     del self._dirty[key]
         for key in expired:
@@ -388,7 +418,52 @@ class HistoryStore:
                 del self._histories[key]
                 self._dirty.pop(key, None)
                 self._failures.pop(key, None)
+                self._versions.pop(key, None)
                 self._recorded_count -= len(self._recorded.pop(key, {}))
+
+    def _write(self, key: AppKey, body: dict[str, Any]) -> dict[str, Any]:
+        """PUT with the resourceVersion last seen (409 if another writer came since), or POST when none is
+        known (409 AlreadyExists if another writer created it); the answer."""
+        with self._lock:
+            version = self._versions.get(key)
+        if version is not None:
+            try:
+                return self.kube.replace(
+                    f"{self.path}/{history_name(key)}",
+                    {**body, "metadata": {**body["metadata"], "resourceVersion": version}},
+                )
+            except NotFound:
+                pass  # deleted since (the app's history expired under another leader): written afresh
+        return self.kube.create(self.path, body)
+
+    def _merge_stored(self, key: AppKey) -> None:
+        """Read the history another writer saved and fold it into the one held (its resourceVersion kept
+        for the next write); one that is gone or does not parse (set aside) is written afresh."""
+        try:
+            obj = self.kube.get(f"{self.path}/{history_name(key)}")
+        except NotFound:
+            with self._lock:
+                self._versions.pop(key, None)
+            return
+        try:
+            stored = History.from_dict(json.loads((obj.get("data") or {})[DATA_KEY]))
+        except Exception as e:  # as in load: one bad ConfigMap must not stop the allocator
+            self._set_aside(obj, e)
+            with self._lock:
+                self._versions.pop(key, None)
+            return
+        with self._lock:
+            history = self._histories.get(key)
+            if history is not None:
+                history.merge(stored, self.executor_ids)
+            self._versions[key] = (obj.get("metadata") or {}).get("resourceVersion") or ""
+
+    def _failed(self, key: AppKey, error: KubeError) -> None:
+        self.on_write_failure()
+        with self._lock:
+            failures = self._failures.get(key, (0, 0.0))[0] + 1
+            self._failures[key] = (failures, self.monotonic() + self.backoff.delay(failures))
+        log.warning("deletion history of %s not saved (attempt %d): %s", key, failures, error)
 
     def _expired(self, history: History, now: float) -> bool:
         return history.finished_at is not None and now - history.finished_at > self.retention

@@ -53,6 +53,7 @@ from allocator.commands import assemble
 from allocator.deletions import DATA_KEY, HISTORY_LABEL
 from allocator.loop import Controller, Options
 from allocator.metrics import AllocatorMetrics
+from kubesim.errors import STALE
 from sparkgate import contract
 from sparkgate.kube import Conflict, Invalid, NotFound, NotLeading
 from sparkgate.policy import Policy, load_policy
@@ -319,6 +320,8 @@ class Api:
         self.writes["create configmaps"] += 1
         if key in self.config_maps:
             raise Conflict(409, "AlreadyExists", f'configmaps "{key[1]}" already exists')
+        self.uid += 1
+        obj["metadata"]["resourceVersion"] = str(self.uid)
         self.config_maps[key] = obj
         self._emit_cm("ADDED", obj)
         return obj
@@ -327,8 +330,14 @@ class Api:
         namespace, _, name = self._path(path)
         if (namespace, name) not in self.config_maps:
             raise NotFound(404, "NotFound", f'configmaps "{name}" not found')
+        wanted = body["metadata"].get("resourceVersion")
+        if wanted and wanted != self.config_maps[(namespace, name)]["metadata"].get("resourceVersion"):
+            raise Conflict(
+                409, "Conflict", f'Operation cannot be fulfilled on configmaps "{name}": {STALE}'
+            )  # kube-apiserver's precondition
         obj = json.loads(json.dumps(body))
-        obj["metadata"]["namespace"] = namespace
+        self.uid += 1
+        obj["metadata"].update(namespace=namespace, resourceVersion=str(self.uid))
         self.config_maps[(namespace, name)] = obj
         self.writes["replace configmaps"] += 1
         return obj

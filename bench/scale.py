@@ -87,6 +87,7 @@ from allocator.commands import assemble
 from allocator.http import StatusServer
 from allocator.loop import Controller, Options
 from allocator.metrics import AllocatorMetrics
+from kubesim.errors import STALE
 from sparkgate import contract
 from sparkgate.json_patch import PatchError, apply_patch
 from sparkgate.kube import Conflict, Invalid, KubeError, NotFound, NotLeading, _event, decode
@@ -695,6 +696,14 @@ class Cluster:
             self.writes[f"update {resource}"] += 1
             if (namespace, name) not in self.config_maps:
                 raise self._refuse("update", NotFound(404, "NotFound", f'{resource} "{name}" not found'))
+            wanted = body["metadata"].get("resourceVersion")
+            if wanted and wanted != self.config_maps[(namespace, name)]["metadata"].get("resourceVersion"):
+                raise self._refuse(
+                    "update",
+                    Conflict(
+                        409, "Conflict", f'Operation cannot be fulfilled on configmaps "{name}": {STALE}'
+                    ),
+                )
             obj = copy.deepcopy(body)
             obj["metadata"].update(namespace=namespace, resourceVersion=str(self.rv + 1))
             self.config_maps[(namespace, name)] = obj

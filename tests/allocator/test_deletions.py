@@ -176,9 +176,9 @@ def test_the_uids_recorded_are_bounded_and_the_oldest_forgotten(monkeypatch: pyt
 
 
 def test_a_replica_whose_leadership_lapses_mid_flush_writes_nothing_more_and_counts_no_failure() -> None:
-    """The histories are written through the leader's gated client (allocator/commands.py `assemble`): their
-    PUTs carry no resourceVersion, so a stale leader's flush would overwrite what the new leader saved. Once
-    `leading()` is false the flush stops, the rest stays unsaved in memory, and no failed write is counted."""
+    """The histories are written through the leader's gated client (allocator/commands.py `assemble`). Once
+    `leading()` is false the flush stops, the rest stays unsaved in memory, and no failed write is counted
+    (a write already in flight is kept from overwriting the new leader's by its resourceVersion: below)."""
     with Cluster(nodes=1) as cluster:
         kube = Kube.from_kubeconfig(str(cluster.kubeconfig("admin")))
         leading, failures = [True], []
@@ -204,7 +204,7 @@ def test_a_replica_whose_leadership_lapses_mid_flush_writes_nothing_more_and_cou
         store.kube.request = lapse_after_one  # type: ignore[method-assign]
         store.flush()
         writes = [e for e in cluster.requests.entries() if e.resource == "configmaps"][sent:]
-        assert [(e.verb, e.code) for e in writes] == [("update", 404), ("create", 201)]  # one history saved
+        assert [(e.verb, e.code) for e in writes] == [("create", 201)]  # one history saved
         assert failures == []
         assert store.unsaved() == 2
         store.kube.request = real  # type: ignore[method-assign]
@@ -276,6 +276,58 @@ def test_a_finished_history_that_cannot_be_saved_still_expires_and_leaves_nothin
     kube.during_delete = lambda: store.record(AppKey("spark", "a"), "uid-late", late)
     kube.sent.clear()
     store.flush()
-    assert kube.sent == ["PUT", "DELETE"]  # b retried; a, expired, deleted and not written again
+    assert kube.sent == ["POST", "DELETE"]  # b retried; a, expired, deleted and not written again
     assert store.count() == 1 and store.unsaved() == 1  # b, live, still held and retried
     assert store.view(AppKey("spark", "a")) is None
+
+
+def test_a_deposed_leaders_late_write_is_merged_not_overwritten() -> None:
+    """A history is written with the resourceVersion last read or written, as kube-apiserver's optimistic
+    concurrency expects (a PUT whose metadata.resourceVersion is stale is a 409). A write of the previous
+    leader that lands after the new leader read the histories (sent before its lease lapsed, answered late)
+    made the new leader's next PUT overwrite it: executor ids it recorded were forgotten and could be reused.
+    Now the new leader's PUT is refused, it reads what is stored, folds it in and writes the union."""
+    app = AppKey("spark", "a")
+    with Cluster(nodes=1) as cluster:
+        kube = Kube.from_kubeconfig(str(cluster.kubeconfig("admin")))
+        old, new = (
+            HistoryStore(kube, contract.INSTALL_NAMESPACE, retention=3600, backoff=Backoff(0, 0))
+            for _ in range(2)
+        )
+        old.record(app, "uid-1", DeletionRecord(1, "p1", None, 1.0, DeletionReason.SUCCEEDED))
+        old.flush()
+        assert new.load()
+        old.record(app, "uid-2", DeletionRecord(2, "p2", None, 2.0, DeletionReason.FAILED))
+        old.flush()  # the late write
+        new.record(app, "uid-3", DeletionRecord(3, "p3", None, 3.0, DeletionReason.SUCCEEDED))
+        sent = len(cluster.requests.entries())
+        new.flush()
+        writes = [(e.verb, e.code) for e in cluster.requests.entries()[sent:] if e.resource == "configmaps"]
+        assert writes == [("update", 409), ("get", 200)]
+        assert new.unsaved() == 1
+        new.flush()
+        assert new.unsaved() == 0
+        stored = kube.get(f"/api/v1/namespaces/{contract.INSTALL_NAMESPACE}/configmaps/{history_name(app)}")
+        kube.close()
+    history = History.from_dict(json.loads(stored["data"][DATA_KEY]))
+    assert history.exec_ids == {1, 2, 3}
+    assert [r.pod for r in history.recent] == ["p1", "p2", "p3"]
+    assert history.counts[DeletionReason.FAILED] == 1 and history.counts[DeletionReason.SUCCEEDED] >= 1
+
+
+def test_a_merge_keeps_the_union_of_both_records_within_the_bound() -> None:
+    mine, stored = History(), History()
+    for exec_id in (1, 2, 5):
+        mine.record(
+            DeletionRecord(exec_id, f"p{exec_id}", None, float(exec_id), DeletionReason.SUCCEEDED), keep=3
+        )
+    for exec_id in (1, 3, 4):
+        stored.record(
+            DeletionRecord(exec_id, f"p{exec_id}", None, float(exec_id), DeletionReason.SUCCEEDED), keep=3
+        )
+    mine.merge(stored, keep=3)
+    assert mine.exec_ids == {3, 4, 5} and mine.dropped == 2  # 1 and 2, the lowest, no longer kept
+    assert [r.exec_id for r in mine.recent] == [1, 2, 3, 4, 5]  # in time order, p1 once
+    assert mine.counts[DeletionReason.SUCCEEDED] == 3  # each side's larger: a lower bound of the 5
+    mine.record(DeletionRecord(6, "p6", None, 6.0, DeletionReason.SUCCEEDED), keep=3)
+    assert mine.exec_ids == {4, 5, 6} and mine.dropped == 3
