@@ -59,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         dest="act_as",
         metavar="USER",
         help="act as this user (kubectl's --as: needs the RBAC verb 'impersonate'); for an admin who cannot "
-        f"be a member of {contract.BREAK_GLASS_GROUP}: --as <you> --as-group {contract.BREAK_GLASS_GROUP}",
+        f"be a member of {contract.BREAK_GLASS_GROUP}: --as {contract.BREAK_GLASS_USER} "
+        f"--as-group {contract.BREAK_GLASS_GROUP} (ClusterRole sparkgate-break-glass-impersonator)",
     )
     p.add_argument(
         "--as-group",
