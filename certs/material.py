@@ -20,6 +20,7 @@ from .plan import (
     TLS_KEY,
     Lifetimes,
     Step,
+    served_ca,
 )
 
 CA_COMMON_NAME = "sparkgate-webhook-ca"
@@ -57,7 +58,10 @@ def advance(
         if step is Step.CREATE:
             ours = (CA_CRT, CA_KEY, NEXT_CRT, NEXT_KEY, PREVIOUS_CRT, TLS_CRT, TLS_KEY)
             kept = {k: v for k, v in result.items() if k not in ours}
+            served = served_ca(result, now)
             result = kept | fresh(dns_names, now, lifetimes)
+            if served is not None:  # still trusted until the replicas serve the new certificate
+                result[PREVIOUS_CRT] = served
         elif step is Step.STAGE_CA:
             staged = make_ca(_ca_name(now), now, lifetimes.ca)
             result[NEXT_CRT], result[NEXT_KEY] = staged.cert_pem, staged.key_pem
