@@ -159,6 +159,17 @@ def test_no_cluster_scoped_object_has_a_namespace_and_every_other_names_its_own(
                 assert namespace in ("sparkgate-system", "kube-system"), where
 
 
+def test_every_object_of_every_component_carries_the_base_labels(kustomize: ModuleType) -> None:
+    """`kubectl get ... -l app.kubernetes.io/part-of=sparkgate` finds what a component added too (the
+    validating webhook configuration, the scheduler, the ServiceMonitors, the Certificates): each
+    component repeats the base's `labels`."""
+    wanted = {"app.kubernetes.io/name": "sparkgate", "app.kubernetes.io/part-of": "sparkgate"}
+    for component in kustomize.COMPONENTS:
+        for obj in kustomize.install([component]):
+            labels = obj["metadata"].get("labels") or {}
+            assert wanted.items() <= labels.items(), f"{component}: {obj['kind']} {obj['metadata']['name']}"
+
+
 def documented_kustomization() -> str:
     text = INSTALL_DOC.read_text()
     match = re.search(r"^```yaml\n(# my-sparkgate/kustomization\.yaml\n.*?)^```", text, flags=re.M | re.S)
