@@ -166,6 +166,31 @@ class Impersonation:
         return out
 
 
+def kubeconfig_impersonation(kubeconfig: str) -> Impersonation | None:
+    """The impersonation a kubeconfig's current user asks for (`as`, `as-groups`: kubectl's --as and
+    --as-group written into the file), which kubectl and client-go honour and the official Python client
+    ignores; None when it asks for none. The files of a $KUBECONFIG list are merged as the client merges
+    them (the first to set a value wins). Groups without a user are refused here, as kube-apiserver would
+    refuse them (a 500), with the user's name."""
+
+    def plain(node: Any) -> Any:  # the merger's ConfigNode wrappers (the merged lists' items) unwrapped
+        return node.value if isinstance(node, k8s_config.kube_config.ConfigNode) else node
+
+    document = plain(k8s_config.kube_config.KubeConfigMerger(kubeconfig).config) or {}  # type: ignore[no-untyped-call]
+    current = document.get("current-context")
+    contexts = [plain(c) for c in document.get("contexts") or []]
+    context = next((c.get("context") or {} for c in contexts if c.get("name") == current), {})
+    name = context.get("user")
+    users = [plain(u) for u in document.get("users") or []]
+    user = next((u.get("user") or {} for u in users if u.get("name") == name), {})
+    act_as, groups = user.get("as"), tuple(user.get("as-groups") or ())
+    if groups and not act_as:
+        raise k8s_config.ConfigException(
+            f"kubeconfig user {name!r} sets as-groups without as (the user to act as)"
+        )
+    return Impersonation(str(act_as), tuple(str(g) for g in groups)) if act_as else None
+
+
 class Kube:
     def __init__(
         self,
@@ -206,6 +231,10 @@ class Kube:
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None, *, pool_size: int = 16, **kwargs: Any) -> Kube:
+        """`act_as` (flags) replaces whatever impersonation the kubeconfig's user asks for, as kubectl's
+        --as does; without it, the kubeconfig's `as`/`as-groups` apply."""
+        if kwargs.get("act_as") is None and kubeconfig:
+            kwargs["act_as"] = kubeconfig_impersonation(kubeconfig)
         return cls(api_client(kubeconfig, pool_size=pool_size), **kwargs)
 
     def limited(self, limiter: Callable[[], object]) -> Kube:

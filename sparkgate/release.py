@@ -22,6 +22,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from kubernetes.config import ConfigException
+
 from sparkgate import contract
 from sparkgate.kube import Impersonation, Invalid, Kube, KubeError, NotFound, kubeconfig_path
 
@@ -80,7 +82,11 @@ def run_release(args: argparse.Namespace) -> int:
         print("sparkgate release: --as-group needs --as (the user to act as)", file=sys.stderr)
         return 2
     act_as = Impersonation(args.act_as, tuple(args.as_group or ())) if args.act_as else None
-    kube = Kube.from_kubeconfig(kubeconfig_path(args.kubeconfig), act_as=act_as)
+    try:
+        kube = Kube.from_kubeconfig(kubeconfig_path(args.kubeconfig), act_as=act_as)
+    except ConfigException as e:  # a kubeconfig that does not load, or asks for groups without a user
+        print(f"sparkgate release: {e}", file=sys.stderr)
+        return 2
     try:
         return release(kube, args.namespace, app=args.app, pods=args.pod or (), dry_run=args.dry_run)
     except KubeError as e:

@@ -11,9 +11,12 @@ import http.client
 import json
 import urllib.parse
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from kubernetes.config import ConfigException
 
 from kubesim.cluster import Cluster
 from sparkgate.kube import Impersonation, Kube, KubeError
@@ -125,3 +128,31 @@ def test_groups_without_a_user_are_a_plain_text_internal_error(cluster: Cluster)
     )
     with pytest.raises(json.JSONDecodeError):
         json.loads(body)
+
+
+def test_a_kubeconfig_users_as_and_as_groups_are_honoured_and_the_flags_replace_them(
+    cluster: Cluster, webhook: TinyWebhook, tmp_path: Path
+) -> None:
+    """kubectl (client-go's ImpersonationConfig) sends a kubeconfig user's `as`/`as-groups`; the official
+    Python client ignores them, sparkgate's client reads them (sparkgate/kube.py kubeconfig_impersonation)."""
+    config = yaml.safe_load(cluster.kubeconfig("admin").read_text())
+    config["users"][0]["user"].update({"as": "ops", "as-groups": ["sparkgate:break-glass"]})
+    path = tmp_path / "break-glass-context"
+    path.write_text(yaml.safe_dump(config))
+    kube = Kube.from_kubeconfig(str(path), max_attempts=1)
+    try:
+        kube.create("/api/v1/namespaces/spark/pods", pod("k1"))
+    finally:
+        kube.close()
+    assert webhook.requests[-1]["userInfo"]["username"] == "ops"
+    assert webhook.requests[-1]["userInfo"]["groups"] == ["sparkgate:break-glass", "system:authenticated"]
+    kube = Kube.from_kubeconfig(str(path), max_attempts=1, act_as=Impersonation("other"))
+    try:
+        kube.create("/api/v1/namespaces/spark/pods", pod("k2"))
+    finally:
+        kube.close()
+    assert webhook.requests[-1]["userInfo"]["groups"] == ["system:authenticated"]
+    del config["users"][0]["user"]["as"]
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigException, match="sets as-groups without as"):
+        Kube.from_kubeconfig(str(path))

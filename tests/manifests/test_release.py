@@ -184,3 +184,22 @@ def test_a_named_pod_that_is_gone_is_skipped_and_the_others_are_released(
         "spark-a/app-2-exec-1": OTHER_ONLY,
         "spark-b/app-3-exec-1": GATED,
     }
+
+
+def test_a_break_glass_context_of_the_kubeconfig_releases_and_one_without_a_user_is_refused(
+    cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A kubeconfig context that impersonates the group (`as`, `as-groups`, as kubectl writes them) works
+    without the flags, under the install's gate policy; groups without a user are a clear error, not a
+    traceback and not the API server's 500."""
+    config = yaml.safe_load(cluster.kubeconfig("admin").read_text())
+    user = config["users"][0]["user"]
+    user.update({"as": contract.BREAK_GLASS_USER, "as-groups": [contract.BREAK_GLASS_GROUP]})
+    path = tmp_path / "break-glass"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["release", "--kubeconfig", str(path), "-n", "spark-a", "--app", "app-1"]) == 0
+    assert gates(cluster)["spark-a/app-1-exec-1"] == OTHER_ONLY
+    del user["as"]
+    path.write_text(yaml.safe_dump(config))
+    assert main(["release", "--kubeconfig", str(path), "-A"]) == 2
+    assert "sets as-groups without as" in capsys.readouterr().err
