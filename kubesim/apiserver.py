@@ -250,7 +250,7 @@ class _Handler(BaseHTTPRequestHandler):
                         url.path,
                         url.query,
                         route.subresource if route else "",
-                        user.pod if user else "",
+                        requestor.pod if requestor else "",
                         resource_version if verb in WRITES and 200 <= code < 300 else 0,
                         user.username if user is not requestor and user else "",
                     )

@@ -10,7 +10,9 @@ release --as/--as-group`), as kube-apiserver's filter applies them after authent
   `system:unauthenticated` is among them.
 - `Impersonate-Uid` sets the uid; `Impersonate-Extra-<key>` the extras (the key lower-cased and
   %-unescaped). Groups, a uid or extras without a user: 500, a plain-text answer (`responsewriters.
-  InternalError`: `Internal Server Error: "<uri>": requested [...] without impersonating a user`).
+  InternalError`: `Internal Server Error: "<uri>": requested [...] without impersonating a user`, with
+  only `&`, `<` and `>` escaped: errors.go's sanitizer). A header given twice counts by its first value
+  (`Header.Get`), an empty one included; groups and extras by every value.
 - Each thing impersonated is authorized with the verb `impersonate` (users, groups, serviceaccounts in the
   account's namespace, uids, userextras/<key>), in that order; the first refusal is a 403
   (`users "x" is forbidden: User "admin" cannot impersonate resource "users" in API group "" at the cluster
@@ -27,7 +29,7 @@ from __future__ import annotations
 import urllib.parse
 from collections.abc import Iterable
 
-from .errors import POD_NAME_EXTRA, ApiError, UserInfo
+from .errors import POD_NAME_EXTRA, UserInfo, forbidden
 
 USER, GROUP, UID, EXTRA = "Impersonate-User", "Impersonate-Group", "Impersonate-Uid", "Impersonate-Extra-"
 AUTHENTICATED, UNAUTHENTICATED, ANONYMOUS = (
@@ -37,6 +39,7 @@ AUTHENTICATED, UNAUTHENTICATED, ANONYMOUS = (
 )
 SUPERUSERS = "system:masters"
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
+AUTHENTICATION, AUTHENTICATION_V1 = "authentication.k8s.io", "authentication.k8s.io/v1"
 
 
 class PlainTextError(Exception):
@@ -50,47 +53,50 @@ class PlainTextError(Exception):
 
 def impersonate(requestor: UserInfo, headers: Iterable[tuple[str, str]], uri: str) -> UserInfo:
     """The user the request acts as: `requestor` itself when it carries no `Impersonate-*` header."""
-    user, uid, groups, extras = "", "", [], []
+    first: dict[str, str] = {}  # Header.Get: the first value, even an empty one
+    groups: list[str] = []
+    extras: list[tuple[str, str]] = []
     for name, value in headers:
         key = name.lower()
-        if key == USER.lower():
-            user = user or value  # Header.Get: the first value
-        elif key == UID.lower():
-            uid = uid or value
+        if key in (USER.lower(), UID.lower()):
+            first.setdefault(key, value)
         elif key == GROUP.lower():
             groups.append(value)
         elif key.startswith(EXTRA.lower()):
             extras.append((urllib.parse.unquote(key[len(EXTRA) :]), value))
-    # (kind, namespace, name, resource): the ObjectReferences of buildImpersonationRequests, in its order.
-    wanted: list[tuple[str, str, str, str]] = []
+    user, uid = first.get(USER.lower(), ""), first.get(UID.lower(), "")
+    # The ObjectReferences of buildImpersonationRequests, in its order: (kind, namespace, name, apiVersion,
+    # fieldPath), with the resource and API group the impersonate verb is authorized on.
+    wanted: list[tuple[tuple[str, str, str, str, str], str, str]] = []
     account = _service_account(user) if user else None
-    if user:
-        wanted.append(
-            ("ServiceAccount", *account, "serviceaccounts") if account else ("User", "", user, "users")
-        )
-    wanted += [("Group", "", group, "groups") for group in groups]
-    wanted += [("UserExtra", "", value, f"userextras/{key}") for key, value in extras]
+    if account:
+        wanted.append((("ServiceAccount", *account, "", ""), "serviceaccounts", ""))
+    elif user:
+        wanted.append((("User", "", user, "", ""), "users", ""))
+    wanted += [(("Group", "", group, "", ""), "groups", "") for group in groups]
+    wanted += [
+        (("UserExtra", "", value, AUTHENTICATION_V1, key), f"userextras/{key}", AUTHENTICATION)
+        for key, value in extras
+    ]
     if uid:
-        wanted.append(("UID", "", uid, "uids"))
+        wanted.append((("UID", "", uid, AUTHENTICATION_V1, ""), "uids", AUTHENTICATION))
     if not wanted:
         return requestor
     if not user:
-        references = " ".join("{" + f"{kind} {ns} {name}    " + "}" for kind, ns, name, _ in wanted)
+        # Go's %v of a []v1.ObjectReference: {Kind Namespace Name UID APIVersion ResourceVersion FieldPath}.
+        references = " ".join(
+            "{" + " ".join((kind, ns, name, "", version, "", path)) + "}"
+            for (kind, ns, name, version, path), _, _ in wanted
+        )
         raise PlainTextError(
             500,
             _escape(f'Internal Server Error: "{uri}": requested [{references}] without impersonating a user'),
         )
     if SUPERUSERS not in requestor.groups:
-        kind, namespace, name, resource = wanted[0]
+        (_, namespace, name, _, _), resource, group = wanted[0]
         where = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
-        plural = resource.split("/")[0]
-        raise ApiError(
-            403,
-            "Forbidden",
-            f'{plural} "{name}" is forbidden: User "{requestor.username}" cannot impersonate resource '
-            f'"{resource}" in API group "{"authentication.k8s.io" if kind in ("UserExtra", "UID") else ""}" {where}',
-            {"name": name, "kind": plural},
-        )
+        why = f'User "{requestor.username}" cannot impersonate resource "{resource}" in API group "{group}" {where}'
+        raise forbidden(resource.split("/")[0], name, why, group=group)
     names = list(groups)
     if account and not groups:
         names = ["system:serviceaccounts", f"system:serviceaccounts:{account[0]}"]
@@ -104,10 +110,8 @@ def impersonate(requestor: UserInfo, headers: Iterable[tuple[str, str]], uri: st
 
 
 def _escape(text: str) -> str:
-    """Go's html.EscapeString."""
-    for raw, escaped in (("&", "&amp;"), ("'", "&#39;"), ("<", "&lt;"), (">", "&gt;"), ('"', "&#34;")):
-        text = text.replace(raw, escaped)
-    return text
+    """responsewriters' sanitizer (errors.go): `&`, `<` and `>` only ("Quotes are okay")."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _service_account(username: str) -> tuple[str, str] | None:

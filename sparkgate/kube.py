@@ -31,7 +31,7 @@ import random
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any, TypedDict
 
 import msgspec
@@ -166,12 +166,28 @@ class Impersonation:
         return out
 
 
-def kubeconfig_impersonation(kubeconfig: str) -> Impersonation | None:
-    """The impersonation a kubeconfig's current user asks for (`as`, `as-groups`: kubectl's --as and
-    --as-group written into the file), which kubectl and client-go honour and the official Python client
-    ignores; None when it asks for none. The files of a $KUBECONFIG list are merged as the client merges
-    them (the first to set a value wins). Groups without a user are refused here, as kube-apiserver would
-    refuse them (a 500), with the user's name."""
+def impersonation(
+    kubeconfig: str | None, user: str | None = None, groups: Sequence[str] = ()
+) -> Impersonation | None:
+    """Whom the requests act as, as kubectl decides it: the kubeconfig's current user may ask for it (`as`,
+    `as-groups`: kubectl's flags written into the file, which client-go honours and the official Python
+    client ignores), and `user` (--as) and `groups` (--as-group), when given, each replace that field
+    (clientcmd merges the overrides field by field). The files of a $KUBECONFIG list are merged as the client
+    merges them, the first to set a value winning. Groups without a user are refused (ConfigException), as
+    kube-apiserver refuses them (a 500); so are the `as-uid` and `as-user-extra` fields, which sparkgate does
+    not send. None: act as the kubeconfig's own credentials."""
+    asked_user, asked_groups = _kubeconfig_as(kubeconfig) if kubeconfig else ("", ())
+    user, groups = user or asked_user, tuple(groups) or asked_groups
+    if groups and not user:
+        raise k8s_config.ConfigException(
+            "groups to act as (--as-group, or the kubeconfig user's as-groups) need a user to act as "
+            "(--as, or its as)"
+        )
+    return Impersonation(user, groups) if user else None
+
+
+def _kubeconfig_as(kubeconfig: str) -> tuple[str, tuple[str, ...]]:
+    """The current context's user's `as` and `as-groups`."""
 
     def plain(node: Any) -> Any:  # the merger's ConfigNode wrappers (the merged lists' items) unwrapped
         return node.value if isinstance(node, k8s_config.kube_config.ConfigNode) else node
@@ -183,12 +199,13 @@ def kubeconfig_impersonation(kubeconfig: str) -> Impersonation | None:
     name = context.get("user")
     users = [plain(u) for u in document.get("users") or []]
     user = next((u.get("user") or {} for u in users if u.get("name") == name), {})
-    act_as, groups = user.get("as"), tuple(user.get("as-groups") or ())
-    if groups and not act_as:
+    unsupported = sorted(k for k in ("as-uid", "as-user-extra") if user.get(k))
+    if unsupported:
         raise k8s_config.ConfigException(
-            f"kubeconfig user {name!r} sets as-groups without as (the user to act as)"
+            f"kubeconfig user {name!r} sets {', '.join(unsupported)}, which sparkgate does not send: use kubectl, "
+            "or a context without it"
         )
-    return Impersonation(str(act_as), tuple(str(g) for g in groups)) if act_as else None
+    return str(user.get("as") or ""), tuple(str(g) for g in user.get("as-groups") or ())
 
 
 class Kube:
@@ -230,12 +247,19 @@ class Kube:
         return clone
 
     @classmethod
-    def from_kubeconfig(cls, kubeconfig: str | None, *, pool_size: int = 16, **kwargs: Any) -> Kube:
-        """`act_as` (flags) replaces whatever impersonation the kubeconfig's user asks for, as kubectl's
-        --as does; without it, the kubeconfig's `as`/`as-groups` apply."""
-        if kwargs.get("act_as") is None and kubeconfig:
-            kwargs["act_as"] = kubeconfig_impersonation(kubeconfig)
-        return cls(api_client(kubeconfig, pool_size=pool_size), **kwargs)
+    def from_kubeconfig(
+        cls,
+        kubeconfig: str | None,
+        *,
+        pool_size: int = 16,
+        as_user: str | None = None,
+        as_groups: Sequence[str] = (),
+        **kwargs: Any,
+    ) -> Kube:
+        """A client from a kubeconfig (None: the in-cluster service account), acting as the kubeconfig's user
+        asks and `as_user`/`as_groups` (--as, --as-group) override, as kubectl does (`impersonation`)."""
+        act_as = impersonation(kubeconfig, as_user, as_groups)
+        return cls(api_client(kubeconfig, pool_size=pool_size), act_as=act_as, **kwargs)
 
     def limited(self, limiter: Callable[[], object]) -> Kube:
         """The same client (connections, retries, request hook) with every request attempt waiting for

@@ -25,7 +25,7 @@ from typing import Any
 from kubernetes.config import ConfigException
 
 from sparkgate import contract
-from sparkgate.kube import Impersonation, Invalid, Kube, KubeError, NotFound, kubeconfig_path
+from sparkgate.kube import Invalid, Kube, KubeError, NotFound, kubeconfig_path
 
 Obj = dict[str, Any]
 ATTEMPTS = 3  # re-reads of a pod whose gates changed between our read and our patch
@@ -68,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--as-group",
         action="append",
         metavar="GROUP",
-        help="act as a member of this group (repeatable; needs --as)",
+        help="act as a member of this group (repeatable; needs a user: --as, or the kubeconfig user's as)",
     )
     p.set_defaults(run=run_release)
 
@@ -77,14 +77,11 @@ def run_release(args: argparse.Namespace) -> int:
     if args.pod and not args.namespace:
         print("sparkgate release: --pod needs -n/--namespace", file=sys.stderr)
         return 2
-    if args.as_group and not args.act_as:
-        # kube-apiserver answers groups without a user with a 500 (impersonation.go): say it here.
-        print("sparkgate release: --as-group needs --as (the user to act as)", file=sys.stderr)
-        return 2
-    act_as = Impersonation(args.act_as, tuple(args.as_group or ())) if args.act_as else None
     try:
-        kube = Kube.from_kubeconfig(kubeconfig_path(args.kubeconfig), act_as=act_as)
-    except ConfigException as e:  # a kubeconfig that does not load, or asks for groups without a user
+        kube = Kube.from_kubeconfig(
+            kubeconfig_path(args.kubeconfig), as_user=args.act_as, as_groups=args.as_group or ()
+        )
+    except ConfigException as e:  # a kubeconfig that does not load, or groups to act as without a user
         print(f"sparkgate release: {e}", file=sys.stderr)
         return 2
     try:

@@ -19,6 +19,8 @@ import yaml
 from kubernetes.config import ConfigException
 
 from kubesim.cluster import Cluster
+from kubesim.errors import UserInfo
+from kubesim.impersonation import PlainTextError, impersonate
 from sparkgate.kube import Impersonation, Kube, KubeError
 
 from .conftest import pod
@@ -40,7 +42,10 @@ def webhook(cluster: Cluster) -> Iterator[TinyWebhook]:
 
 
 def create_as(cluster: Cluster, name: str, act_as: Impersonation | None, user: str = "admin") -> None:
-    kube = Kube.from_kubeconfig(str(cluster.kubeconfig(user)), act_as=act_as, max_attempts=1)
+    user_groups = (act_as.user, act_as.groups) if act_as else (None, ())
+    kube = Kube.from_kubeconfig(
+        str(cluster.kubeconfig(user)), as_user=user_groups[0], as_groups=user_groups[1], max_attempts=1
+    )
     try:
         kube.create("/api/v1/namespaces/spark/pods", pod(name))
     finally:
@@ -123,36 +128,62 @@ def test_groups_without_a_user_are_a_plain_text_internal_error(cluster: Cluster)
     assert answer.status == 500
     assert answer.getheader("Content-Type") == "text/plain; charset=utf-8"
     assert body == (
-        "Internal Server Error: &#34;/api/v1/namespaces/spark/pods&#34;: "
+        'Internal Server Error: "/api/v1/namespaces/spark/pods": '
         "requested [{Group  sparkgate:break-glass    }] without impersonating a user\n"
     )
     with pytest.raises(json.JSONDecodeError):
         json.loads(body)
 
 
-def test_a_kubeconfig_users_as_and_as_groups_are_honoured_and_the_flags_replace_them(
+def test_a_kubeconfig_users_as_and_as_groups_are_honoured_and_each_flag_replaces_its_field(
     cluster: Cluster, webhook: TinyWebhook, tmp_path: Path
 ) -> None:
-    """kubectl (client-go's ImpersonationConfig) sends a kubeconfig user's `as`/`as-groups`; the official
-    Python client ignores them, sparkgate's client reads them (sparkgate/kube.py kubeconfig_impersonation)."""
+    """kubectl (client-go's ImpersonationConfig) sends a kubeconfig user's `as`/`as-groups`, and its --as
+    and --as-group each replace one field (clientcmd merges the overrides field by field); the official
+    Python client ignores them, sparkgate's client reads them (sparkgate/kube.py `impersonation`)."""
     config = yaml.safe_load(cluster.kubeconfig("admin").read_text())
-    config["users"][0]["user"].update({"as": "ops", "as-groups": ["sparkgate:break-glass"]})
+    user = config["users"][0]["user"]
+    user.update({"as": "ops", "as-groups": ["sparkgate:break-glass"]})
     path = tmp_path / "break-glass-context"
+
+    def created_as(name: str, as_user: str | None = None, as_groups: tuple[str, ...] = ()) -> Any:
+        path.write_text(yaml.safe_dump(config))
+        kube = Kube.from_kubeconfig(str(path), max_attempts=1, as_user=as_user, as_groups=as_groups)
+        try:
+            kube.create("/api/v1/namespaces/spark/pods", pod(name))
+        finally:
+            kube.close()
+        return webhook.requests[-1]["userInfo"]
+
+    seen = created_as("k1")
+    assert (seen["username"], seen["groups"]) == ("ops", ["sparkgate:break-glass", "system:authenticated"])
+    seen = created_as("k2", as_user="other")  # --as alone: the kubeconfig's groups stay
+    assert (seen["username"], seen["groups"]) == ("other", ["sparkgate:break-glass", "system:authenticated"])
+    seen = created_as("k3", as_groups=("team-a",))  # --as-group alone: the kubeconfig's user stays
+    assert (seen["username"], seen["groups"]) == ("ops", ["team-a", "system:authenticated"])
+    del user["as"]
     path.write_text(yaml.safe_dump(config))
-    kube = Kube.from_kubeconfig(str(path), max_attempts=1)
-    try:
-        kube.create("/api/v1/namespaces/spark/pods", pod("k1"))
-    finally:
-        kube.close()
-    assert webhook.requests[-1]["userInfo"]["username"] == "ops"
-    assert webhook.requests[-1]["userInfo"]["groups"] == ["sparkgate:break-glass", "system:authenticated"]
-    kube = Kube.from_kubeconfig(str(path), max_attempts=1, act_as=Impersonation("other"))
-    try:
-        kube.create("/api/v1/namespaces/spark/pods", pod("k2"))
-    finally:
-        kube.close()
-    assert webhook.requests[-1]["userInfo"]["groups"] == ["system:authenticated"]
-    del config["users"][0]["user"]["as"]
-    path.write_text(yaml.safe_dump(config))
-    with pytest.raises(ConfigException, match="sets as-groups without as"):
+    with pytest.raises(ConfigException, match="need a user to act as"):
         Kube.from_kubeconfig(str(path))
+    user.update({"as": "ops", "as-uid": "1234"})
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigException, match="sets as-uid, which sparkgate does not send"):
+        Kube.from_kubeconfig(str(path))
+
+
+def test_the_first_value_of_a_repeated_user_header_counts_even_empty() -> None:
+    """Header.Get reads the first value: an empty first Impersonate-User means no user, whatever follows
+    (so the groups are refused as requested without a user); extras print with their API version and key."""
+    admin = UserInfo("admin", groups=("system:masters", "system:authenticated"))
+    headers = [
+        ("Impersonate-User", ""),
+        ("impersonate-user", "ops"),
+        ("Impersonate-Extra-Scopes", "view"),
+    ]
+    with pytest.raises(PlainTextError) as refused:
+        impersonate(admin, headers, "/api")
+    assert refused.value.text == (
+        'Internal Server Error: "/api": requested [{UserExtra  view  authentication.k8s.io/v1  scopes}] '
+        "without impersonating a user"
+    )
+    assert impersonate(admin, [("X-Other", "1")], "/api") is admin
