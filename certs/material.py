@@ -20,6 +20,7 @@ from .plan import (
     TLS_KEY,
     Lifetimes,
     Step,
+    WebhookRef,
     served_ca,
 )
 
@@ -51,14 +52,16 @@ def advance(
     dns_names: Sequence[str],
     now: dt.datetime,
     lifetimes: Lifetimes,
+    ca_bundles: Mapping[WebhookRef, bytes] | None = None,
 ) -> dict[str, bytes]:
-    """The Secret data after `steps` (from plan.secret_steps), other keys kept."""
+    """The Secret data after `steps` (from plan.secret_steps), other keys kept. `ca_bundles`: the webhooks'
+    caBundles now, which decide whether a CREATE keeps the old CA trusted (plan.served_ca)."""
     result = dict(data or {})
     for step in steps:
         if step is Step.CREATE:
             ours = (CA_CRT, CA_KEY, NEXT_CRT, NEXT_KEY, PREVIOUS_CRT, TLS_CRT, TLS_KEY)
             kept = {k: v for k, v in result.items() if k not in ours}
-            served = served_ca(result, now)
+            served = served_ca(result, now, ca_bundles or {})
             result = kept | fresh(dns_names, now, lifetimes)
             if served is not None:  # still trusted until the replicas serve the new certificate
                 result[PREVIOUS_CRT] = served

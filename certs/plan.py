@@ -109,17 +109,22 @@ def _ca_usable(data: Mapping[str, bytes], now: dt.datetime) -> bool:
     return ca is not None and ca.not_valid_after_utc > now and _key_matches(ca, data.get(CA_KEY, b""))
 
 
-def served_ca(data: Mapping[str, bytes] | None, now: dt.datetime) -> bytes | None:
+def served_ca(
+    data: Mapping[str, bytes] | None, now: dt.datetime, ca_bundles: Mapping[WebhookRef, bytes]
+) -> bytes | None:
     """The CA certificate that signed the serving certificate the webhook's replicas may still be serving,
-    while it is still valid: what a CREATE keeps as ca-previous.crt when it starts afresh over a broken CA
-    (its key lost or replaced by a hand edit or a GitOps tool), so that the API server goes on trusting
-    those replicas until their Secret volume is updated, instead of failing open meanwhile. None when there
-    is none: no Secret (a deliberate start-over, docs/operations.md, trusts nothing old), an expired CA, or
-    a serving certificate it did not sign."""
+    while it is still valid and a webhook's caBundle already trusts it: what a CREATE keeps as
+    ca-previous.crt when it starts afresh over a broken CA (its key lost or replaced by a hand edit or a
+    GitOps tool), so that the API server goes on trusting those replicas until their Secret volume is
+    updated, instead of failing open meanwhile. None when there is none: no Secret (a deliberate
+    start-over, docs/operations.md, trusts nothing old), an expired CA, a serving certificate it did not
+    sign, or a CA no caBundle holds (one written in from elsewhere is never made trusted by this)."""
     if data is None:
         return None
     ca, serving = _single(data, CA_CRT), _single(data, TLS_CRT)
     if ca is None or serving is None or ca.not_valid_after_utc <= now or serving.not_valid_after_utc <= now:
+        return None
+    if not any(ca in load_certs(bundle) for bundle in ca_bundles.values()):
         return None
     try:
         serving.verify_directly_issued_by(ca)

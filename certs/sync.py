@@ -217,7 +217,7 @@ def _cycle(kube: Kube, target: Target, now: dt.datetime, metrics: CertsMetrics |
     names = service_dns_names(target.service, target.namespace)
     steps = secret_steps(data, bundles, names, now, target.lifetimes)
     if steps:
-        data = advance(data, steps, names, now, target.lifetimes)
+        data = advance(data, steps, names, now, target.lifetimes, bundles)
         _write_secret(kube, target, secret, data)
         for step in steps:
             if metrics is not None:

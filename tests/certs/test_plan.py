@@ -150,15 +150,18 @@ def test_switch_waits_until_every_webhook_trusts_the_new_ca() -> None:
 
 
 def test_a_ca_whose_key_was_lost_is_replaced_and_stays_trusted_until_the_replicas_serve_the_new_one() -> None:
-    """CREATE over a still-valid CA that signed the serving certificate (its key junk: a hand edit): the old
-    CA certificate is kept as ca-previous.crt, so the bundle injected still verifies what the replicas serve
+    """CREATE over a still-valid CA that signed the serving certificate (its key junk: a hand edit) and that
+    the caBundles trust: the old CA certificate is kept as ca-previous.crt, so the bundle injected still verifies what the replicas serve
     until their volume is updated, and it goes keep_previous later, as after a switch. Without a Secret (the
     documented start-over) or with an expired CA, nothing old is kept."""
     data = fresh(NAMES, T0, LIFE)
     broken = {**data, CA_KEY: b"junk"}
     later = T0 + dt.timedelta(days=30)
-    assert secret_steps(broken, {}, NAMES, later, LIFE) == (Step.CREATE,)
-    redone = advance(broken, (Step.CREATE,), NAMES, later, LIFE)
+    trusted = {ref: trust_bundle(data) for ref in HOOKS}  # what the API server trusts now
+    assert secret_steps(broken, trusted, NAMES, later, LIFE) == (Step.CREATE,)
+    # A CA no caBundle holds (written in from elsewhere) is not made trusted by the start afresh.
+    assert PREVIOUS_CRT not in advance(broken, (Step.CREATE,), NAMES, later, LIFE, {})
+    redone = advance(broken, (Step.CREATE,), NAMES, later, LIFE, trusted)
     assert redone[PREVIOUS_CRT] == data[CA_CRT] and redone[CA_CRT] != data[CA_CRT]
     bundle = trust_bundle(redone)
     assert verifies(data[TLS_CRT], bundle, later) and verifies(redone[TLS_CRT], bundle, later)
@@ -168,11 +171,11 @@ def test_a_ca_whose_key_was_lost_is_replaced_and_stays_trusted_until_the_replica
     )
     settled = later + LIFE.keep_previous
     assert secret_steps(redone, bundles, NAMES, settled, LIFE) == (Step.DROP_PREVIOUS_CA,)
-    assert PREVIOUS_CRT not in advance(None, (Step.CREATE,), NAMES, later, LIFE)
+    assert PREVIOUS_CRT not in advance(None, (Step.CREATE,), NAMES, later, LIFE, trusted)
     expired = T0 + LIFE.ca + dt.timedelta(days=1)
-    assert PREVIOUS_CRT not in advance(data, (Step.CREATE,), NAMES, expired, LIFE)
+    assert PREVIOUS_CRT not in advance(data, (Step.CREATE,), NAMES, expired, LIFE, trusted)
     foreign = {**broken, TLS_CRT: fresh(NAMES, T0, LIFE)[TLS_CRT]}  # a serving certificate it did not sign
-    assert PREVIOUS_CRT not in advance(foreign, (Step.CREATE,), NAMES, later, LIFE)
+    assert PREVIOUS_CRT not in advance(foreign, (Step.CREATE,), NAMES, later, LIFE, trusted)
 
 
 def test_keys_that_do_not_match_their_certificates_are_replaced() -> None:
