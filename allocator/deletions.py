@@ -99,9 +99,14 @@ class History:
         records = sorted([*self.recent, *(r for r in stored.recent if r not in mine)], key=lambda r: r.at)
         self.recent = collections.deque(records[-RECENT:], maxlen=RECENT)
         ids = sorted(self.exec_ids | stored.exec_ids)
-        self._heap = ids[-keep:] if keep else []
-        self.exec_ids = set(self._heap)
-        self.dropped = max(self.dropped, stored.dropped) + len(ids) - len(self._heap)
+        heap = ids[-keep:] if keep else []
+        kept = set(heap)
+        # Each side's drops plus the ids of its own the bound now drops; an id both dropped counts once, and
+        # merging the same copy again changes nothing.
+        self.dropped = max(
+            self.dropped + len(self.exec_ids - kept), stored.dropped + len(stored.exec_ids - kept)
+        )
+        self._heap, self.exec_ids = heap, kept
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -294,6 +299,8 @@ class HistoryStore:
     def load(self) -> bool:
         """Read every saved history, in place of those held (changes not written yet are kept); False when
         the API failed (call again). At start, and again by a replica that becomes the leader."""
+        with self._lock:
+            before = dict(self._versions)  # a history written while the list is read is newer than its copy
         try:
             items, _ = self.kube.list(self.path, label_selector=f"{HISTORY_LABEL}=true")
         except KubeError as e:
@@ -314,14 +321,14 @@ class HistoryStore:
             loaded[AppKey(namespace, app_id)] = history
             versions[AppKey(namespace, app_id)] = meta.get("resourceVersion") or ""
         with self._lock:
-            for key in self._dirty:  # changes not written yet: the union with what was saved meanwhile
-                if key in self._histories and key in loaded:
+            # Held, not read: changes not written yet, and histories a flush wrote while the list was read.
+            written = {k for k, v in self._versions.items() if before.get(k) != v}
+            held = {k for k in self._dirty.keys() | written if k in self._histories}
+            for key in held & self._dirty.keys():  # the union with what was saved meanwhile
+                if key in loaded and key not in written:
                     self._histories[key].merge(loaded[key], self.executor_ids)
-            self._histories = {
-                **loaded,
-                **{k: self._histories[k] for k in self._dirty if k in self._histories},
-            }
-            self._versions = versions
+            self._histories = {**loaded, **{k: self._histories[k] for k in held}}
+            self._versions = {**versions, **{k: self._versions[k] for k in written}}
         self.loaded = True
         return True
 
@@ -438,25 +445,28 @@ class HistoryStore:
 
     def _merge_stored(self, key: AppKey) -> None:
         """Read the history another writer saved and fold it into the one held (its resourceVersion kept
-        for the next write); one that is gone or does not parse (set aside) is written afresh."""
+        for the next write); one that is gone is created afresh, one that does not parse is set aside and
+        overwritten (an empty resourceVersion: an unconditional PUT, whether its deletion went through or
+        was refused)."""
         try:
             obj = self.kube.get(f"{self.path}/{history_name(key)}")
         except NotFound:
             with self._lock:
                 self._versions.pop(key, None)
             return
+        version = (obj.get("metadata") or {}).get("resourceVersion") or ""
         try:
             stored = History.from_dict(json.loads((obj.get("data") or {})[DATA_KEY]))
         except Exception as e:  # as in load: one bad ConfigMap must not stop the allocator
             self._set_aside(obj, e)
-            with self._lock:
-                self._versions.pop(key, None)
+            with self._lock:  # copied aside: the next write replaces it whatever it is now (no precondition)
+                self._versions[key] = ""
             return
         with self._lock:
             history = self._histories.get(key)
             if history is not None:
                 history.merge(stored, self.executor_ids)
-            self._versions[key] = (obj.get("metadata") or {}).get("resourceVersion") or ""
+            self._versions[key] = version
 
     def _failed(self, key: AppKey, error: KubeError) -> None:
         self.on_write_failure()

@@ -329,5 +329,69 @@ def test_a_merge_keeps_the_union_of_both_records_within_the_bound() -> None:
     assert mine.exec_ids == {3, 4, 5} and mine.dropped == 2  # 1 and 2, the lowest, no longer kept
     assert [r.exec_id for r in mine.recent] == [1, 2, 3, 4, 5]  # in time order, p1 once
     assert mine.counts[DeletionReason.SUCCEEDED] == 3  # each side's larger: a lower bound of the 5
+    mine.merge(stored, keep=3)  # the same copy again (a second conflict, a load): nothing changes
+    assert mine.exec_ids == {3, 4, 5} and mine.dropped == 2 and len(mine.recent) == 5
     mine.record(DeletionRecord(6, "p6", None, 6.0, DeletionReason.SUCCEEDED), keep=3)
     assert mine.exec_ids == {4, 5, 6} and mine.dropped == 3
+
+
+def test_a_corrupt_history_met_on_a_conflict_is_set_aside_once_and_overwritten() -> None:
+    """A history whose stored copy does not parse, met when its first write finds it already there (409
+    AlreadyExists), and whose deletion is refused (403): copied aside once, then overwritten without a
+    precondition, instead of a new copy aside at every flush."""
+    app = AppKey("spark", "a")
+    path = f"/api/v1/namespaces/{contract.INSTALL_NAMESPACE}/configmaps"
+    with Cluster(nodes=1) as cluster:
+        kube = Kube.from_kubeconfig(str(cluster.kubeconfig("admin")))
+        corrupt = HistoryStore._body(app, History())
+        corrupt["data"][DATA_KEY] = "{not json"
+        kube.create(path, corrupt)
+        aside: list[int] = []
+        store = HistoryStore(
+            kube,
+            contract.INSTALL_NAMESPACE,
+            retention=3600,
+            backoff=Backoff(0, 0),
+            on_corrupt=lambda: aside.append(1),
+        )
+        store.record(app, "uid-1", DeletionRecord(1, "p1", None, 1.0, DeletionReason.SUCCEEDED))
+        cluster.faults.fail("delete", "configmaps", 403, count=None)
+        for _ in range(3):
+            store.flush()
+        assert aside == [1] and store.unsaved() == 0
+        stored = kube.get(f"{path}/{history_name(app)}")
+        copies, _ = kube.list(path, label_selector="sparkgate.io/history=corrupt")
+        kube.close()
+    assert History.from_dict(json.loads(stored["data"][DATA_KEY])).exec_ids == {1}
+    assert len(copies) == 1
+
+
+def test_a_history_written_while_the_histories_are_listed_is_not_rolled_back_by_the_list() -> None:
+    """`load` runs on the loop's thread, the flushes on the histories thread: a history a flush writes
+    between the list's read and its swap is newer than its listed copy, so memory keeps it (and its
+    resourceVersion), instead of forgetting the deletions written meanwhile until the next conflict."""
+    app = AppKey("spark", "a")
+    with Cluster(nodes=1) as cluster:
+        kube = Kube.from_kubeconfig(str(cluster.kubeconfig("admin")))
+        store = HistoryStore(kube, contract.INSTALL_NAMESPACE, retention=3600, backoff=Backoff(0, 0))
+        store.record(app, "uid-1", DeletionRecord(1, "p1", None, 1.0, DeletionReason.SUCCEEDED))
+        store.flush()
+        listing = kube.list
+
+        def list_then_a_flush(path: str, **kwargs: Any) -> Any:
+            answer = listing(path, **kwargs)
+            store.record(app, "uid-2", DeletionRecord(2, "p2", None, 2.0, DeletionReason.SUCCEEDED))
+            store.flush()  # the histories thread, while the loop's load holds the older listing
+            return answer
+
+        store.kube.list = list_then_a_flush  # type: ignore[method-assign]
+        assert store.load()
+        store.kube.list = listing  # type: ignore[method-assign]
+        history = store.view(app)
+        assert history is not None and history.exec_ids == {1, 2}
+        store.record(app, "uid-3", DeletionRecord(3, "p3", None, 3.0, DeletionReason.SUCCEEDED))
+        sent = len(cluster.requests.entries())
+        store.flush()  # written with the version the flush got, not the listed one: no conflict
+        writes = [(e.verb, e.code) for e in cluster.requests.entries()[sent:] if e.resource == "configmaps"]
+        kube.close()
+    assert writes == [("update", 200)]
