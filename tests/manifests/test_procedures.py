@@ -80,22 +80,10 @@ ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 # --- the documents ---------------------------------------------------------------------------------------
 
 
-def commands(text: str) -> list[str]:
-    """The command lines of the ```sh blocks (test_runbooks.shell_commands), a line that ends with a pipe
-    joined to the next one, as the shell reads it."""
-    joined: list[str] = []
-    for command in shell_commands(text):
-        if joined and joined[-1].endswith("|"):
-            joined[-1] = f"{joined[-1]} {command}"
-        else:
-            joined.append(command)
-    return joined
-
-
 def forcing_commands() -> list[str]:
     """Every distinct form of the forced certificate cycle in docs/operations.md: the code block of
     "Checking and forcing" and the inline spans (the alert runbook's "Fix")."""
-    block = [c for c in commands(section(OPERATIONS_MD, "Checking and forcing")) if "certs sync" in c]
+    block = [c for c in shell_commands(section(OPERATIONS_MD, "Checking and forcing")) if "certs sync" in c]
     assert block, "no `certs sync` command under 'Checking and forcing'"
     inline = re.findall(r"`(kubectl [^`]* -- sparkgate certs sync [^`]*)`", OPERATIONS_MD.read_text())
     return list(dict.fromkeys(block + inline))
@@ -290,7 +278,7 @@ def test_forcing_a_cycle_creates_the_secret_injects_every_ca_bundle_and_repairs_
     assert out == f"certs sync: create, {', '.join(f'inject {ref}' for ref in sorted(bundles))}\n"
 
     # The section's check of the dates: `kubectl get secret -o jsonpath` | base64 -d | openssl x509 ...
-    [check] = [c for c in commands(section(OPERATIONS_MD, "Checking and forcing")) if "openssl" in c]
+    [check] = [c for c in shell_commands(section(OPERATIONS_MD, "Checking and forcing")) if "openssl" in c]
     get, pipeline = (part.strip() for part in check.split("|", 1))
     words = shlex.split(get)
     assert words[:5] == ["kubectl", "-n", namespace, "get", "secret"] and words[5] == name, check

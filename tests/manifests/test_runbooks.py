@@ -104,13 +104,16 @@ def section(path: Path, heading: str) -> str:
 
 
 def shell_commands(text: str) -> list[str]:
-    """The command lines of the ```sh blocks in `text`, as written: continuation lines joined, spaces
-    collapsed, comments dropped (placeholders such as `<app id>` are not shell, so no shell parsing)."""
-    commands = []
+    """The command lines of the ```sh blocks in `text`, as written: continuation lines joined (a trailing
+    backslash, or a line that ends with a pipe, as the shell reads it), spaces collapsed, comments dropped
+    (placeholders such as `<app id>` are not shell, so no shell parsing)."""
+    commands: list[str] = []
     for block in re.findall(r"^```sh\n(.*?)^```", text, flags=re.M | re.S):
         for line in block.replace("\\\n", " ").splitlines():
             line = " ".join(re.sub(r"(^|\s)#(\s.*)?$", "", line).split())
-            if line:
+            if line and commands and commands[-1].endswith("|"):
+                commands[-1] = f"{commands[-1]} {line}"
+            elif line:
                 commands.append(line)
     return commands
 
