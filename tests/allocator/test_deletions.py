@@ -281,6 +281,27 @@ def test_a_finished_history_that_cannot_be_saved_still_expires_and_leaves_nothin
     assert store.view(AppKey("spark", "a")) is None
 
 
+HISTORIES = f"/api/v1/namespaces/{contract.INSTALL_NAMESPACE}/configmaps"
+
+
+def saving_store(kube: Kube, **options: Any) -> HistoryStore:
+    """A store that saves to kubesim, retrying a failed write at its next flush (no backoff)."""
+    return HistoryStore(kube, contract.INSTALL_NAMESPACE, retention=3600, backoff=Backoff(0, 0), **options)
+
+
+def deletion(exec_id: int, reason: DeletionReason = DeletionReason.SUCCEEDED) -> DeletionRecord:
+    """Executor `exec_id`'s deletion (its pod `p<exec_id>`), at second `exec_id`."""
+    return DeletionRecord(exec_id, f"p{exec_id}", None, float(exec_id), reason)
+
+
+def stored_history(kube: Kube, app: AppKey) -> History:
+    return History.from_dict(json.loads(kube.get(f"{HISTORIES}/{history_name(app)}")["data"][DATA_KEY]))
+
+
+def configmap_writes(cluster: Cluster, since: int) -> list[tuple[str, int]]:
+    return [(e.verb, e.code) for e in cluster.requests.entries()[since:] if e.resource == "configmaps"]
+
+
 def test_a_deposed_leaders_late_write_is_merged_not_overwritten() -> None:
     """A history is written with the resourceVersion last read or written, as kube-apiserver's optimistic
     concurrency expects (a PUT whose metadata.resourceVersion is stale is a 409). A write of the previous
@@ -290,26 +311,21 @@ def test_a_deposed_leaders_late_write_is_merged_not_overwritten() -> None:
     app = AppKey("spark", "a")
     with Cluster(nodes=1) as cluster:
         kube = Kube.from_kubeconfig(str(cluster.kubeconfig("admin")))
-        old, new = (
-            HistoryStore(kube, contract.INSTALL_NAMESPACE, retention=3600, backoff=Backoff(0, 0))
-            for _ in range(2)
-        )
-        old.record(app, "uid-1", DeletionRecord(1, "p1", None, 1.0, DeletionReason.SUCCEEDED))
+        old, new = saving_store(kube), saving_store(kube)
+        old.record(app, "uid-1", deletion(1))
         old.flush()
         assert new.load()
-        old.record(app, "uid-2", DeletionRecord(2, "p2", None, 2.0, DeletionReason.FAILED))
+        old.record(app, "uid-2", deletion(2, DeletionReason.FAILED))
         old.flush()  # the late write
-        new.record(app, "uid-3", DeletionRecord(3, "p3", None, 3.0, DeletionReason.SUCCEEDED))
+        new.record(app, "uid-3", deletion(3))
         sent = len(cluster.requests.entries())
         new.flush()
-        writes = [(e.verb, e.code) for e in cluster.requests.entries()[sent:] if e.resource == "configmaps"]
-        assert writes == [("update", 409), ("get", 200)]
+        assert configmap_writes(cluster, sent) == [("update", 409), ("get", 200)]
         assert new.unsaved() == 1
         new.flush()
         assert new.unsaved() == 0
-        stored = kube.get(f"/api/v1/namespaces/{contract.INSTALL_NAMESPACE}/configmaps/{history_name(app)}")
+        history = stored_history(kube, app)
         kube.close()
-    history = History.from_dict(json.loads(stored["data"][DATA_KEY]))
     assert history.exec_ids == {1, 2, 3}
     assert [r.pod for r in history.recent] == ["p1", "p2", "p3"]
     assert history.counts[DeletionReason.FAILED] == 1 and history.counts[DeletionReason.SUCCEEDED] >= 1
@@ -318,20 +334,16 @@ def test_a_deposed_leaders_late_write_is_merged_not_overwritten() -> None:
 def test_a_merge_keeps_the_union_of_both_records_within_the_bound() -> None:
     mine, stored = History(), History()
     for exec_id in (1, 2, 5):
-        mine.record(
-            DeletionRecord(exec_id, f"p{exec_id}", None, float(exec_id), DeletionReason.SUCCEEDED), keep=3
-        )
+        mine.record(deletion(exec_id), keep=3)
     for exec_id in (1, 3, 4):
-        stored.record(
-            DeletionRecord(exec_id, f"p{exec_id}", None, float(exec_id), DeletionReason.SUCCEEDED), keep=3
-        )
+        stored.record(deletion(exec_id), keep=3)
     mine.merge(stored, keep=3)
     assert mine.exec_ids == {3, 4, 5} and mine.dropped == 2  # 1 and 2, the lowest, no longer kept
     assert [r.exec_id for r in mine.recent] == [1, 2, 3, 4, 5]  # in time order, p1 once
     assert mine.counts[DeletionReason.SUCCEEDED] == 3  # each side's larger: a lower bound of the 5
     mine.merge(stored, keep=3)  # the same copy again (a second conflict, a load): nothing changes
     assert mine.exec_ids == {3, 4, 5} and mine.dropped == 2 and len(mine.recent) == 5
-    mine.record(DeletionRecord(6, "p6", None, 6.0, DeletionReason.SUCCEEDED), keep=3)
+    mine.record(deletion(6), keep=3)
     assert mine.exec_ids == {4, 5, 6} and mine.dropped == 3
 
 
@@ -340,29 +352,22 @@ def test_a_corrupt_history_met_on_a_conflict_is_set_aside_once_and_overwritten()
     AlreadyExists), and whose deletion is refused (403): copied aside once, then overwritten without a
     precondition, instead of a new copy aside at every flush."""
     app = AppKey("spark", "a")
-    path = f"/api/v1/namespaces/{contract.INSTALL_NAMESPACE}/configmaps"
     with Cluster(nodes=1) as cluster:
         kube = Kube.from_kubeconfig(str(cluster.kubeconfig("admin")))
         corrupt = HistoryStore._body(app, History())
         corrupt["data"][DATA_KEY] = "{not json"
-        kube.create(path, corrupt)
+        kube.create(HISTORIES, corrupt)
         aside: list[int] = []
-        store = HistoryStore(
-            kube,
-            contract.INSTALL_NAMESPACE,
-            retention=3600,
-            backoff=Backoff(0, 0),
-            on_corrupt=lambda: aside.append(1),
-        )
-        store.record(app, "uid-1", DeletionRecord(1, "p1", None, 1.0, DeletionReason.SUCCEEDED))
+        store = saving_store(kube, on_corrupt=lambda: aside.append(1))
+        store.record(app, "uid-1", deletion(1))
         cluster.faults.fail("delete", "configmaps", 403, count=None)
         for _ in range(3):
             store.flush()
         assert aside == [1] and store.unsaved() == 0
-        stored = kube.get(f"{path}/{history_name(app)}")
-        copies, _ = kube.list(path, label_selector="sparkgate.io/history=corrupt")
+        history = stored_history(kube, app)
+        copies, _ = kube.list(HISTORIES, label_selector="sparkgate.io/history=corrupt")
         kube.close()
-    assert History.from_dict(json.loads(stored["data"][DATA_KEY])).exec_ids == {1}
+    assert history.exec_ids == {1}
     assert len(copies) == 1
 
 
@@ -373,14 +378,14 @@ def test_a_history_written_while_the_histories_are_listed_is_not_rolled_back_by_
     app = AppKey("spark", "a")
     with Cluster(nodes=1) as cluster:
         kube = Kube.from_kubeconfig(str(cluster.kubeconfig("admin")))
-        store = HistoryStore(kube, contract.INSTALL_NAMESPACE, retention=3600, backoff=Backoff(0, 0))
-        store.record(app, "uid-1", DeletionRecord(1, "p1", None, 1.0, DeletionReason.SUCCEEDED))
+        store = saving_store(kube)
+        store.record(app, "uid-1", deletion(1))
         store.flush()
         listing = kube.list
 
         def list_then_a_flush(path: str, **kwargs: Any) -> Any:
             answer = listing(path, **kwargs)
-            store.record(app, "uid-2", DeletionRecord(2, "p2", None, 2.0, DeletionReason.SUCCEEDED))
+            store.record(app, "uid-2", deletion(2))
             store.flush()  # the histories thread, while the loop's load holds the older listing
             return answer
 
@@ -389,9 +394,9 @@ def test_a_history_written_while_the_histories_are_listed_is_not_rolled_back_by_
         store.kube.list = listing  # type: ignore[method-assign]
         history = store.view(app)
         assert history is not None and history.exec_ids == {1, 2}
-        store.record(app, "uid-3", DeletionRecord(3, "p3", None, 3.0, DeletionReason.SUCCEEDED))
+        store.record(app, "uid-3", deletion(3))
         sent = len(cluster.requests.entries())
         store.flush()  # written with the version the flush got, not the listed one: no conflict
-        writes = [(e.verb, e.code) for e in cluster.requests.entries()[sent:] if e.resource == "configmaps"]
+        writes = configmap_writes(cluster, sent)
         kube.close()
     assert writes == [("update", 200)]
