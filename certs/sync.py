@@ -215,6 +215,9 @@ def _cycle(kube: Kube, target: Target, now: dt.datetime, metrics: CertsMetrics |
     data = _decode(secret.get("data")) if secret is not None else None
     configs, bundles, missing = _read_configurations(kube, target)
     names = service_dns_names(target.service, target.namespace)
+    # Drift: a caBundle that differs from what the Secret as read asks for (a replace, a GitOps tool), whether
+    # or not this cycle's steps then change what it asks for.
+    drifted = set(needs_injection(trust_bundle(data), bundles)) if data is not None else set()
     steps = secret_steps(data, bundles, names, now, target.lifetimes)
     if steps:
         data = advance(data, steps, names, now, target.lifetimes, bundles)
@@ -229,10 +232,11 @@ def _cycle(kube: Kube, target: Target, now: dt.datetime, metrics: CertsMetrics |
     for kind, name in sorted({(ref.kind, ref.configuration) for ref in injected}):
         _inject(kube, kind, name, configs[(kind, name)], bundle)
         log.info("caBundle injected into %s/%s", KINDS[kind], name)
-    if injected and not steps and secret is not None:
-        log.warning("caBundle had drifted from the Secret in %d webhooks: repaired", len(injected))
+    repaired = drifted & set(injected)
+    if repaired:
+        log.warning("caBundle had drifted from the Secret in %d webhooks: repaired", len(repaired))
         if metrics is not None:
-            metrics.ca_bundle_repairs.inc(len(injected))
+            metrics.ca_bundle_repairs.inc(len(repaired))
     if metrics is not None:
         metrics.ca_expiry.set(load_certs(data[CA_CRT])[0].not_valid_after_utc.timestamp())
         metrics.serving_expiry.set(load_certs(data[TLS_CRT])[0].not_valid_after_utc.timestamp())

@@ -109,6 +109,25 @@ def test_overwritten_or_wrong_ca_bundle_is_repaired_in_one_cycle(cluster: Cluste
     assert after["webhooks"][1]["timeoutSeconds"] == 3  # the rest of each webhook is untouched
 
 
+def test_a_ca_bundle_blanked_before_a_cycle_with_a_step_is_counted_as_a_repair(
+    cluster: Cluster, kube: Kube
+) -> None:
+    """Drift is a caBundle that differs from what the Secret as read asks for, whatever the cycle's steps
+    then do: a blank met by the cycle that stages a new CA was injected but not counted (the repairs counter
+    counted only cycles without a step), so SparkgateCaBundleDrift missed it. The webhooks that held the
+    Secret's bundle are not drift, though the stage changes their bundle too."""
+    target = Target(lifetimes=Lifetimes(ca=dt.timedelta(days=30), ca_renew_before=dt.timedelta(days=5)))
+    sync_once(kube, target, T0)
+    mwc = cluster.store.get("mutatingwebhookconfigurations", None, "sparkgate")
+    reapplied = copy.deepcopy(webhook_configuration("mutating"))
+    reapplied["metadata"]["resourceVersion"] = mwc["metadata"]["resourceVersion"]
+    cluster.store.replace("mutatingwebhookconfigurations", None, "sparkgate", reapplied)
+    metrics = CertsMetrics(CollectorRegistry())
+    result = sync_once(kube, target, T0 + dt.timedelta(days=26), metrics)
+    assert result.steps == (Step.STAGE_CA,) and len(result.injected) == 4
+    assert metrics.ca_bundle_repairs._value.get() == 2  # the blanked configuration's two webhooks of the four
+
+
 def test_expired_ca_is_replaced_and_reinjected(cluster: Cluster, kube: Kube) -> None:
     target = Target(lifetimes=Lifetimes(ca=dt.timedelta(days=30), ca_renew_before=dt.timedelta(days=1)))
     sync_once(kube, target, T0)
