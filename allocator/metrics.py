@@ -16,7 +16,15 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client import metrics as _metrics
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -82,6 +90,13 @@ NAMESPACE_GRACE_SECONDS = 600.0
 class AllocatorMetrics:
     def __init__(self, *, namespace_grace: float = NAMESPACE_GRACE_SECONDS) -> None:
         r = self.registry = CollectorRegistry()
+        # The process's own health, as every Prometheus client library exports it (client-go's controllers
+        # too): resident memory, CPU, open files and their limit, start time (`process_*`, from /proc), the
+        # Python version (`python_info`) and the garbage collector's work (`python_gc_*`). A run of months is
+        # watched for exactly these (the dashboard's "Allocator process" panels, docs/metrics.md).
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
         self.releases = Counter(
             "sparkgate_allocator_releases",
             "Executor pods released to the scheduler.",

@@ -4,12 +4,18 @@ and an app's lines are written again only when its view or its pacing window cha
 
 from __future__ import annotations
 
+import functools
+import gc
+import shutil
 import threading
+from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
+from allocator import metrics as metrics_module
 from allocator import status as status_module
 from allocator.decision import AppSettings
 from allocator.metrics import NAMESPACE_GRACE_SECONDS, AllocatorMetrics, RegistryText
@@ -151,11 +157,33 @@ def test_a_scrape_writes_again_only_the_apps_that_changed(monkeypatch: pytest.Mo
     assert b'app="app-b"' not in collector.exposition()
 
 
-def test_the_registry_s_text_is_prometheus_clients_and_keeps_only_live_series() -> None:
+@pytest.fixture
+def still_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The process collectors' values held still between two reads: the process collector reads a copy of
+    this process's /proc entries, and the garbage collector (whose counts the GC collector reports) is off."""
+    proc = tmp_path / "proc"
+    (proc / "self" / "fd").mkdir(parents=True)
+    shutil.copyfile("/proc/stat", proc / "stat")
+    for name in ("stat", "limits"):
+        shutil.copyfile(f"/proc/self/{name}", proc / "self" / name)
+    for fd in range(3):
+        (proc / "self" / "fd" / str(fd)).touch()
+    monkeypatch.setattr(
+        metrics_module, "ProcessCollector", functools.partial(ProcessCollector, proc=str(proc))
+    )
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def test_the_registry_s_text_is_prometheus_clients_and_keeps_only_live_series(still_process: None) -> None:
     """/metrics' registry part (metrics.py `RegistryText`, which keeps each series' formatted name and labels)
     is byte for byte what prometheus_client's `generate_latest` writes, at the first scrape and after values
-    changed and series went, counters' and histograms' `_created` gauges included; a label value with a
-    backslash, a double quote and a line feed is escaped as the text format says."""
+    changed and series went, counters' and histograms' `_created` gauges included, the process's own
+    collectors (process, platform, GC) too; a label value with a backslash, a double quote and a line feed is
+    escaped as the text format says."""
     metrics = AllocatorMetrics()
     odd = Counter(
         "sparkgate_test_odd", "A help text with a \\ and\na line feed.", ["value"], registry=metrics.registry
@@ -173,7 +201,10 @@ def test_the_registry_s_text_is_prometheus_clients_and_keeps_only_live_series() 
         metrics.release_to_bind.labels(namespace).observe(1e7 * i)  # Go's exponent form of large floats
         metrics.namespaces.add(namespace)
     text = RegistryText(metrics.registry)
-    assert text.exposition() == generate_latest(metrics.registry)
+    first = text.exposition()
+    assert first == generate_latest(metrics.registry)
+    for family in (b"process_open_fds 3.0", b"process_cpu_seconds_total", b"python_info{", b"python_gc_"):
+        assert family in first
     metrics.releases.labels("spark-team-003").inc(0.5)
     metrics.gate_wait.labels("spark-team-004").observe(float("inf"))
     metrics.forget_namespaces({f"spark-team-{i:03d}" for i in range(10)}, 0.0)

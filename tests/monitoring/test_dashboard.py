@@ -96,6 +96,8 @@ def test_the_dashboard_asks_for_what_the_admin_needs(panel_queries: list[Any]) -
         "Watch restarts": "sparkgate_allocator_watch_restarts_total",
         "API errors": 'sparkgate_allocator_api_requests_total{code!~"2.."}',
         "Certificate expiry": "sparkgate_webhook_certificate_expiry_timestamp_seconds",
+        "Allocator memory": "process_resident_memory_bytes",
+        "Allocator open files": "process_open_fds",
     }
     for panel, fragment in wanted.items():
         assert fragment in by_panel.get(panel, ""), f"{panel}: {fragment}"
@@ -119,8 +121,9 @@ def test_every_query_uses_known_metrics_and_every_metric_is_shown(
 
 
 def test_units_say_per_second_exactly_for_rates(dashboard: dict[str, Any]) -> None:
-    """A panel of rate() is a value per second (ops, reqps); one of increase() counts or gauges is not
-    (short); a panel of histogram quantiles is seconds."""
+    """A panel of rate() is a value per second (ops, reqps), except the rate of a counter of seconds, which
+    is a fraction (CPU seconds a second: percentunit); one of increase() counts or gauges is not (short); a
+    panel of histogram quantiles is seconds."""
     for panel in dashboard["panels"]:
         if panel["type"] == "row":
             continue
@@ -128,6 +131,8 @@ def test_units_say_per_second_exactly_for_rates(dashboard: dict[str, Any]) -> No
         exprs = [target["expr"] for target in panel["targets"]]
         if any("histogram_quantile(" in e for e in exprs):
             assert unit == "s", panel["title"]
+        elif all(re.search(r"\brate\([a-z_]+_seconds_total\[", e) for e in exprs):
+            assert unit == "percentunit", f"{panel['title']}: seconds a second shown as {unit}"
         elif all("rate(" in e and "increase(" not in e for e in exprs):
             assert unit in PER_SECOND_UNITS, f"{panel['title']}: a rate shown as {unit}"
         else:
