@@ -109,8 +109,7 @@ def reference(s: Status) -> bytes:
         memory = s.memory.get(key)
         if memory is not None and memory.pacing is not None:
             window.labels(key.namespace, key.app_id).set(memory.pacing.size)
-            for reason in Reason:
-                state.labels(key.namespace, key.app_id, reason.value).set(reason is memory.pacing.reason)
+            state.labels(key.namespace, key.app_id, memory.pacing.reason.value).set(1)
     missing.labels("log4j").set(1)
     limit.labels("namespace").set(100)
     limit.labels("cluster").set(1000)
