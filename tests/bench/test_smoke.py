@@ -38,10 +38,9 @@ BENCHMARKS = (
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str, dict[str, Any]]]:
     """name -> (exit code, output, result document) of each smoke run."""
     out = tmp_path_factory.mktemp("bench")
-    found = smoke([name for name in BENCHMARKS if name != "admission"], out)
-    if shutil.which("wrk"):
-        found.update(smoke(["admission"], out))
-    return found
+    # The admission benchmark drives the webhook with wrk (`make tools` installs it, as the README's test
+    # command does): a missing wrk fails its test rather than skipping it.
+    return smoke([name for name in BENCHMARKS if name != "admission" or shutil.which("wrk")], out)
 
 
 def smoke(names: list[str], out: Path) -> dict[str, tuple[int, str, dict[str, Any]]]:
@@ -73,8 +72,7 @@ def smoke(names: list[str], out: Path) -> dict[str, tuple[int, str, dict[str, An
 
 
 def finished(results: dict[str, tuple[int, str, dict[str, Any]]], name: str) -> dict[str, Any]:
-    if name not in results:
-        pytest.skip(f"{name}: a tool it needs is not installed")
+    assert name in results, f"{name}: wrk is not installed (`make tools` installs it)"
     code, output, document = results[name]
     assert code == 0, output[-3000:]
     assert document["benchmark"] == name and document["smoke"] is True, output[-3000:]

@@ -170,6 +170,31 @@ def test_every_object_of_every_component_carries_the_base_labels(kustomize: Modu
             assert wanted.items() <= labels.items(), f"{component}: {obj['kind']} {obj['metadata']['name']}"
 
 
+def test_every_deployment_survives_a_node_drain(kustomize: ModuleType) -> None:
+    """Each Deployment of the install and its components (the allocator and webhook, the scheduler) runs
+    more than one replica, spread over the nodes, with a PodDisruptionBudget that keeps one: a drain or an
+    upgrade of the nodes never takes every replica at once."""
+    objects = keyed(kustomize.install(list(kustomize.COMPONENTS)))
+    budgets = [o for (kind, _, _), o in objects.items() if kind == "PodDisruptionBudget"]
+    deployments = [o for (kind, _, _), o in objects.items() if kind == "Deployment"]
+    assert {d["metadata"]["name"] for d in deployments} == {"sparkgate", "sparkgate-scheduler"}
+    for deployment in deployments:
+        name, spec = deployment["metadata"]["name"], deployment["spec"]
+        labels = spec["template"]["metadata"]["labels"]
+        assert spec["replicas"] > 1, name
+        spread = spec["template"]["spec"]["topologySpreadConstraints"]
+        assert [c["topologyKey"] for c in spread] == ["kubernetes.io/hostname"], name
+        assert spread[0]["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"], name
+        selecting = [
+            b
+            for b in budgets
+            if b["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+            and b["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        ]
+        assert [b["spec"]["minAvailable"] for b in selecting] == [1], name
+        assert selecting[0]["spec"]["selector"] == spec["selector"], f"{name}: the budget selects other pods"
+
+
 def documented_kustomization() -> str:
     text = INSTALL_DOC.read_text()
     match = re.search(r"^```yaml\n(# my-sparkgate/kustomization\.yaml\n.*?)^```", text, flags=re.M | re.S)
