@@ -21,6 +21,7 @@ between calls.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import dataclasses
 import functools
@@ -184,6 +185,19 @@ def impersonation(
             "(--as, or its as)"
         )
     return Impersonation(user, groups) if user else None
+
+
+def add_impersonation_arguments(parser: argparse.ArgumentParser, user_help: str) -> None:
+    """kubectl's `--as` and `--as-group` on a command that talks to the API server with a kubeconfig: read as
+    `args.act_as` and `args.as_group` (`Kube.from_kubeconfig(..., as_user=, as_groups=)`)."""
+    parser.add_argument("--as", dest="act_as", metavar="USER", help=user_help)
+    parser.add_argument(
+        "--as-group",
+        action="append",
+        default=[],
+        metavar="GROUP",
+        help="act as a member of this group (repeatable; needs a user: --as, or the kubeconfig user's as)",
+    )
 
 
 def _kubeconfig_as(kubeconfig: str) -> tuple[str, tuple[str, ...]]:

@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from sparkgate import contract
+from sparkgate.kube import Kube, KubeError, add_impersonation_arguments, kubeconfig_path
 from sparkgate.policy import Policy, PolicyError, Scheduling, SchedulingOverride, load_policy
 
 
@@ -35,6 +36,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--kubeconfig",
         help="kubeconfig file for --cluster (default: $KUBECONFIG, else ~/.kube/config, else the in-cluster "
         "service account)",
+    )
+    add_impersonation_arguments(
+        check,
+        "with --cluster: make the check's requests as this user (kubectl's --as: needs the RBAC verb "
+        "'impersonate'), e.g. a namespace's Spark service account, system:serviceaccount:NAMESPACE:NAME, to "
+        "see what its driver's executors would meet",
     )
     check.add_argument(
         "--namespace",
@@ -99,11 +106,12 @@ def _check(args: argparse.Namespace) -> int:
 def _check_cluster(args: argparse.Namespace, policy: Policy) -> int:
     from kubernetes.config import ConfigException
 
-    from sparkgate.kube import Kube, KubeError, kubeconfig_path
     from sparkgate.probe import Verdict, live, probe, targets
 
     try:
-        kube = Kube.from_kubeconfig(kubeconfig_path(args.kubeconfig))
+        kube = Kube.from_kubeconfig(
+            kubeconfig_path(args.kubeconfig), as_user=args.act_as, as_groups=args.as_group
+        )
     except (ConfigException, OSError) as exc:
         print(f"cannot reach the cluster: {exc}", file=sys.stderr)
         return 1

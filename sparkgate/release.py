@@ -25,7 +25,7 @@ from typing import Any
 from kubernetes.config import ConfigException
 
 from sparkgate import contract
-from sparkgate.kube import Invalid, Kube, KubeError, NotFound, kubeconfig_path
+from sparkgate.kube import Invalid, Kube, KubeError, NotFound, add_impersonation_arguments, kubeconfig_path
 
 Obj = dict[str, Any]
 ATTEMPTS = 3  # re-reads of a pod whose gates changed between our read and our patch
@@ -56,19 +56,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--kubeconfig",
         help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else the in-cluster service account)",
     )
-    p.add_argument(
-        "--as",
-        dest="act_as",
-        metavar="USER",
-        help="act as this user (kubectl's --as: needs the RBAC verb 'impersonate'); for an admin who cannot "
+    add_impersonation_arguments(
+        p,
+        "act as this user (kubectl's --as: needs the RBAC verb 'impersonate'); for an admin who cannot "
         f"be a member of {contract.BREAK_GLASS_GROUP}: --as {contract.BREAK_GLASS_USER} "
         f"--as-group {contract.BREAK_GLASS_GROUP} (ClusterRole sparkgate-break-glass-impersonator)",
-    )
-    p.add_argument(
-        "--as-group",
-        action="append",
-        metavar="GROUP",
-        help="act as a member of this group (repeatable; needs a user: --as, or the kubeconfig user's as)",
     )
     p.set_defaults(run=run_release)
 
@@ -79,7 +71,7 @@ def run_release(args: argparse.Namespace) -> int:
         return 2
     try:
         kube = Kube.from_kubeconfig(
-            kubeconfig_path(args.kubeconfig), as_user=args.act_as, as_groups=args.as_group or ()
+            kubeconfig_path(args.kubeconfig), as_user=args.act_as, as_groups=args.as_group
         )
     except ConfigException as e:  # a kubeconfig that does not load, or groups to act as without a user
         print(f"sparkgate release: {e}", file=sys.stderr)

@@ -180,3 +180,26 @@ def test_in_the_admission_policy_mode_the_candidate_is_judged_too(
     ]
     assert any("live policy differs" in line and "profile default" in line for line in lines), lines
     assert code == 0
+
+
+def test_the_dry_runs_can_be_made_as_another_user(
+    live: tuple[Cluster, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--as`/`--as-group`, as kubectl's: every request of the check (the namespaces listed, each dry-run pod
+    created) is made as the user impersonated (a namespace's Spark service account here), and the verdicts
+    are the same as the admin's own."""
+    cluster, _ = live
+    candidate = tmp_path / "candidate.yaml"
+    candidate.write_text(CANDIDATE)
+    config = str(cluster.kubeconfig("admin"))
+    spark = "system:serviceaccount:spark-a:spark"
+    runs = []
+    for act_as in ([], ["--as", spark, "--as-group", "spark-users"]):
+        before = len(cluster.requests.entries())
+        code = main(["policy", "check", str(candidate), "--cluster", "--kubeconfig", config, *act_as])
+        requests = [e for e in cluster.requests.entries()[before:] if e.user == "admin"]
+        runs.append((code, capsys.readouterr().out, [(e.verb, e.resource) for e in requests]))
+        impersonated = {e.impersonated for e in requests}
+    (code, out, requests), (code_as, out_as, requests_as) = runs
+    assert code == code_as == 0 and out == out_as and requests == requests_as
+    assert ("create", "pods") in requests_as and impersonated == {spark}
