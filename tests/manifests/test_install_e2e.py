@@ -309,6 +309,77 @@ def test_the_allocator_may_only_dry_run_pod_creations(
             allocator.close()
 
 
+def test_the_allocator_may_not_change_what_a_pod_runs_or_where(
+    kustomize: ModuleType, executors: Any, tmp_path: Path
+) -> None:
+    """Its RBAC lets it patch any pod (to remove the gate): the install's sparkgate-allocator-pod-updates
+    refuses it a new container image on a running pod, and tolerations or a nodeSelector on a gated one
+    (both of which kube-apiserver's own validation allows: pkg/apis/core/validation ValidatePodUpdate, and
+    the scheduling directives of gated pods), with the policy's message word for word. It still removes the
+    gate and labels pods; another user with the same rights may change the image (the policy is the
+    allocator's alone)."""
+    objects = kustomize.by_kind(kustomize.build(REPO / "manifests"))
+    policy = objects[("ValidatingAdmissionPolicy", "sparkgate-allocator-pod-updates")]
+    images, placement = (v["message"] for v in policy["spec"]["validations"])
+
+    def refusal(name: str, message: str) -> str:
+        return (
+            f"pods \"{name}\" is forbidden: ValidatingAdmissionPolicy 'sparkgate-allocator-pod-updates' with "
+            f"binding 'sparkgate-allocator-pod-updates' denied request: {message}"
+        )
+
+    with Cluster(
+        nodes=1, namespaces=("default", "kube-system", "sparkgate-system", "spark-jobs"), workdir=tmp_path
+    ) as cluster:
+        install_policies(cluster, objects)
+        running = executors.pod("running-exec-1")
+        cluster.store.create("pods", running, namespace="spark-jobs")
+        gated = executors.pod("gated-exec-2")
+        gated["spec"]["schedulingGates"] = [{"name": GATE}]
+        cluster.store.create("pods", gated, namespace="spark-jobs")
+        pods = "/api/v1/namespaces/spark-jobs/pods"
+        allocator = Kube.from_kubeconfig(str(cluster.add_user(contract.ALLOCATOR_USER)))
+        admin = Kube.from_kubeconfig(str(cluster.add_user("jane@example.com")))
+        json_patch = "application/json-patch+json"
+        image = [{"op": "replace", "path": "/spec/containers/0/image", "value": "example.com/miner:1"}]
+        toleration = [
+            {
+                "op": "add",
+                "path": "/spec/tolerations/-",
+                "value": {"operator": "Exists", "effect": "NoSchedule"},
+            }
+        ]
+        selector = [
+            {
+                "op": "add",
+                "path": "/spec/nodeSelector",
+                "value": {"node-role.kubernetes.io/control-plane": ""},
+            }
+        ]
+        try:
+            for name, patch, message in (
+                ("running-exec-1", image, images),
+                ("gated-exec-2", toleration, placement),
+                ("gated-exec-2", selector, placement),
+            ):
+                with pytest.raises(KubeError) as refused:
+                    allocator.patch(f"{pods}/{name}", patch, json_patch)
+                assert (refused.value.status, refused.value.message) == (403, refusal(name, message))
+            labelled = allocator.patch(
+                f"{pods}/running-exec-1", {"metadata": {"labels": {"x": "y"}}}, "application/merge-patch+json"
+            )
+            assert labelled["metadata"]["labels"]["x"] == "y"
+            released = allocator.patch(f"{pods}/gated-exec-2", REMOVE_GATE, json_patch)
+            assert GATE not in [g["name"] for g in released["spec"].get("schedulingGates", [])]
+            assert (
+                admin.patch(f"{pods}/running-exec-1", image, json_patch)["spec"]["containers"][0]["image"]
+                == "example.com/miner:1"
+            )
+        finally:
+            allocator.close()
+            admin.close()
+
+
 def test_on_old_clusters_the_validate_webhook_lets_only_the_break_glass_group_release(
     kustomize: ModuleType,
     executors: Any,
