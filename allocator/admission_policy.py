@@ -67,9 +67,13 @@ class AdmissionPolicySync:
             or self._monotonic() - self._applied[1] >= self.interval
         )
 
-    def run_if_due(self) -> None:
-        if self.due():
-            self.run_once()
+    def run_if_due(self) -> bool:
+        """Apply when the policy changed or the interval has passed; False when it was not due (a poll, not a
+        run: LeaderTask counts runs)."""
+        if not self.due():
+            return False
+        self.run_once()
+        return True
 
     def run_once(self) -> list[dict[str, Any]]:
         """Apply the rendering of the policy in force; the objects as the API server returned them."""

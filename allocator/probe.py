@@ -95,10 +95,13 @@ class PolicyProbe:
             or self._monotonic() - self._last[1] >= self.interval
         )
 
-    def run_if_due(self) -> None:
-        """The leader task's work: probe when the policy changed or the interval has passed."""
-        if self.due():
-            self.run_once()
+    def run_if_due(self) -> bool:
+        """The leader task's work: probe when the policy changed or the interval has passed; False when it
+        was not due (a poll, not a run: LeaderTask counts runs)."""
+        if not self.due():
+            return False
+        self.run_once()
+        return True
 
     def run_once(self) -> list[ProbeResult]:
         """Probe the policy in force within the dry-run budget; export the results per profile and record
@@ -109,11 +112,7 @@ class PolicyProbe:
         self._last = (policy.digest, self._monotonic())
         if policy.digest != self._digest:
             self._digest, self._results, self._cursor = policy.digest, {}, 0
-        try:
-            pairs = targets(self.kube, policy)
-        except KubeError as e:
-            log.warning("policy probe not run: %s", e)
-            return []
+        pairs = targets(self.kube, policy)  # KubeError: the namespaces cannot be listed, a failed run
         start = self._cursor % len(pairs) if pairs else 0
         budget, results = self.max_dry_runs, []
         for profile, namespace in pairs[start:] + pairs[:start]:

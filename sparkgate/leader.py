@@ -257,15 +257,18 @@ class LeaderTask:
     A run may outlive the Lease (a hung API server): its writes go through a client gated on
     `elector.leading` (sparkgate/kube.py `Kube.gated`), which refuses them once leadership has lapsed.
     An exception in `work` is logged and reported (`on_run(name, "error")`), and the task runs again at its
-    next interval: a bug never ends it. `on_run(name, "ok")` after each run that went through. `follow`, if
-    given, runs every interval in the replicas that do not hold the Lease (read-only work, e.g. reporting).
+    next interval: a bug never ends it. `on_run(name, "ok")` after each run that went through; a `work` that
+    polls (returns False when it had nothing to do, its own interval not yet due) is not counted then, so the
+    counts are of runs, not of polls. `follow`, if given, runs every interval in the replicas that do not
+    hold the Lease (read-only work, e.g. reporting): not a run of the task, never counted (an exception is
+    logged).
     """
 
     def __init__(
         self,
         name: str,
         interval: float,
-        work: Callable[[], None],
+        work: Callable[[], bool | None],
         *,
         elector: LeaderElector,
         own_lease: bool,
@@ -293,15 +296,23 @@ class LeaderTask:
         try:
             while not self.stop.is_set():
                 leading = self.elector.turn() if self.own_lease else self.elector.leading
-                if self.monotonic() >= next_run and (leading or self.follow is not None):
+                if self.monotonic() >= next_run and leading:
                     try:
-                        (self.work if leading else self.follow or self.work)()
+                        ran = self.work()
                     except Exception:
                         log.exception("task %s failed (run again in %gs)", self.name, self.interval)
                         self.on_run(self.name, "error")
                     else:
-                        if leading:
+                        if ran is not False:
                             self.on_run(self.name, "ok")
+                    next_run = self.monotonic() + self.interval
+                elif self.monotonic() >= next_run and self.follow is not None:
+                    try:
+                        self.follow()
+                    except Exception:
+                        log.exception(
+                            "task %s: a follower's work failed (again in %gs)", self.name, self.interval
+                        )
                     next_run = self.monotonic() + self.interval
                 wait = max(0.0, next_run - self.monotonic())
                 if self.own_lease or not leading:

@@ -8,6 +8,7 @@ import datetime as dt
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,7 @@ from kubesim.cluster import Cluster
 from sparkgate import contract
 from sparkgate.cli import main
 from sparkgate.kube import Kube
-from sparkgate.leader import LeaderElector
+from sparkgate.leader import LeaderElector, LeaderTask
 
 NS = contract.INSTALL_NAMESPACE
 LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases"
@@ -198,3 +199,66 @@ def test_a_renew_that_lands_while_a_follower_reads_is_dated_from_the_read_not_be
         assert b.try_acquire_or_renew() and b.leading
     finally:
         follower_kube.close()
+
+
+class _Held:
+    """An elector whose `leading` is set by the test (LeaderTask without its own Lease only reads it)."""
+
+    def __init__(self, leading: bool) -> None:
+        self.leading = leading
+        self.retry_period = 0.01
+
+
+def test_a_leader_task_counts_runs_not_polls_and_not_a_followers_work() -> None:
+    """`on_run` counts each run of `work` on the leader: "ok" when it went through, "error" when it raised;
+    a poll that found nothing due (work returns False) is no run, and a follower's `follow` is never counted,
+    even when it raises (sparkgate_allocator_task_runs_total: a task polled every few seconds counted "ok"
+    at each poll, and SparkgateAllocatorTaskFailing could never fire for it)."""
+    stop = threading.Event()
+    clock = [0.0]
+
+    def monotonic() -> float:
+        clock[0] += 1.0  # every poll is due
+        return clock[0]
+
+    outcomes = iter([False, None, True, RuntimeError("refused"), False])
+    runs: list[tuple[str, str]] = []
+
+    def work() -> bool | None:
+        outcome = next(outcomes)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def count(name: str, result: str) -> None:
+        runs.append((name, result))
+        if len(runs) == 3:
+            stop.set()
+
+    leader: Any = _Held(True)
+    LeaderTask(
+        "probe", 0.5, work, elector=leader, own_lease=False, stop=stop, on_run=count, monotonic=monotonic
+    ).run()
+    assert runs == [("probe", "ok"), ("probe", "ok"), ("probe", "error")]
+    follower, followed = threading.Event(), []
+
+    def follower_work() -> None:
+        followed.append(1)
+        if len(followed) == 3:
+            follower.set()
+        raise RuntimeError("cannot read")
+
+    counted: list[tuple[str, str]] = []
+    standby: Any = _Held(False)
+    LeaderTask(
+        "certs",
+        0.5,
+        work,
+        elector=standby,
+        own_lease=False,
+        stop=follower,
+        on_run=lambda name, result: counted.append((name, result)),
+        follow=follower_work,
+        monotonic=monotonic,
+    ).run()
+    assert len(followed) == 3 and counted == []
