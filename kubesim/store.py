@@ -742,6 +742,8 @@ class Store:
         if resource == "namespaces":
             return self._delete_namespace(name, preconditions)
         key = (namespace or "" if r.namespaced else "", name)
+        if user is not None and self.validate is not None:
+            self._validate_delete(resource, r.kind, key, name, grace_period_seconds, preconditions, user)
         with self._lock:
             current = self._objects[resource].get(key)
             if current is None:
@@ -782,6 +784,37 @@ class Store:
         if removed and r.namespaced:
             self._finish_namespace(key[0])
         return stored
+
+    def _validate_delete(
+        self,
+        resource: str,
+        kind: str,
+        key: tuple[str, str],
+        name: str,
+        grace_period_seconds: int | None,
+        preconditions: dict[str, Any] | None,
+        user: UserInfo,
+    ) -> None:
+        """The validating admission of a DELETE (ValidatingAdmissionPolicies and webhooks that match it), as
+        k8s.io/apiserver's handlers/delete.go gives it (rest.AdmissionToValidateObjectDeleteFunc): no object,
+        the object being deleted as `oldObject`; checked after the preconditions (etcd3 store's Delete), and
+        not for a pod whose graceful deletion is already pending (registry/store.go: BeforeDelete's
+        pendingGraceful returns before any validation). kube-apiserver validates inside the storage
+        transaction, on the latest object; here on the object as read just before (a change in between is
+        not validated again)."""
+        with self._lock:
+            current = self._objects[resource].get(key)
+        if current is None:
+            raise not_found(resource, name)
+        meta = current["metadata"]
+        _check_preconditions(kind, name, meta, preconditions)
+        if resource == "pods" and meta.get("deletionTimestamp") and meta.get("deletionGracePeriodSeconds"):
+            grace = podrules.grace_period(current, grace_period_seconds)
+            if grace >= int(meta["deletionGracePeriodSeconds"]):
+                return
+        request = AdmissionRequest("DELETE", resource, "", key[0], name, None, current, user, False)
+        assert self.validate is not None
+        self.validate(request, None)
 
     def _delete_namespace(self, name: str, preconditions: dict[str, Any] | None) -> Obj:
         """Namespace deletion as kube-apiserver and the namespace controller do it: the namespace turns

@@ -40,8 +40,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add_impersonation_arguments(
         check,
         "with --cluster: make the check's requests as this user (kubectl's --as: needs the RBAC verb "
-        "'impersonate'), e.g. a namespace's Spark service account, system:serviceaccount:NAMESPACE:NAME, to "
-        "see what its driver's executors would meet",
+        "'impersonate'), e.g. a namespace's Spark service account, system:serviceaccount:NAMESPACE:NAME, with "
+        "--namespace NAMESPACE, to see what its driver's executors would meet there",
     )
     check.add_argument(
         "--namespace",

@@ -342,3 +342,54 @@ def test_policy_variables(cluster: Cluster, core: client.CoreV1Api) -> None:
         core.create_namespaced_pod("spark", pod("p"))
     assert refusal(e)[1].endswith("denied request: a team label is required")
     assert core.create_namespaced_pod("spark", pod("q", {"team": "a"})).metadata.name == "q"
+
+
+def test_a_delete_is_validated_with_the_object_being_deleted_as_old_object(
+    cluster: Cluster, core: client.CoreV1Api
+) -> None:
+    """k8s.io/apiserver/pkg/endpoints/handlers/delete.go gives a DELETE to validating admission through
+    rest.AdmissionToValidateObjectDeleteFunc: no `object`, the object being deleted as `oldObject`, the
+    operation DELETE; the etcd3 store checks the preconditions first (a wrong uid is a 409, not the policy's
+    403)."""
+    admission = client.AdmissionregistrationV1Api(core.api_client)
+    rule = {
+        "apiGroups": [""],
+        "apiVersions": ["v1"],
+        "operations": ["DELETE"],
+        "resources": ["configmaps", "pods"],
+    }
+    admission.create_validating_admission_policy(
+        {
+            "metadata": {"name": "keep"},
+            "spec": {
+                "matchConstraints": {"resourceRules": [rule]},
+                "validations": [
+                    {
+                        "expression": "object == null && request.operation == 'DELETE' && "
+                        "!('keep' in oldObject.metadata.labels)",
+                        "reason": "Forbidden",
+                        "message": "kept",
+                    }
+                ],
+            },
+        }
+    )
+    admission.create_validating_admission_policy_binding(
+        {"metadata": {"name": "keep"}, "spec": {"policyName": "keep", "validationActions": ["Deny"]}}
+    )
+    for name, labels in (("kept", {"keep": "yes"}), ("gone", {"other": "x"})):
+        core.create_namespaced_config_map("spark", {"metadata": {"name": name, "labels": labels}})
+    with pytest.raises(client.ApiException) as e:
+        core.delete_namespaced_config_map("kept", "spark")
+    assert refusal(e) == (
+        403,
+        "configmaps \"kept\" is forbidden: ValidatingAdmissionPolicy 'keep' with binding 'keep' denied request: "
+        "kept",
+    )
+    with pytest.raises(client.ApiException) as e:
+        core.delete_namespaced_config_map(
+            "kept", "spark", body=client.V1DeleteOptions(preconditions={"uid": "x"})
+        )
+    assert e.value.status == 409
+    core.delete_namespaced_config_map("gone", "spark")
+    assert [c["metadata"]["name"] for c in cluster.store.list_objects("configmaps", "spark")[0]] == ["kept"]

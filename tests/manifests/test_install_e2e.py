@@ -313,68 +313,138 @@ def test_the_allocator_may_not_change_what_a_pod_runs_or_where(
     kustomize: ModuleType, executors: Any, tmp_path: Path
 ) -> None:
     """Its RBAC lets it patch any pod (to remove the gate): the install's sparkgate-allocator-pod-updates
-    refuses it a new container image on a running pod, and tolerations or a nodeSelector on a gated one
-    (both of which kube-apiserver's own validation allows: pkg/apis/core/validation ValidatePodUpdate, and
-    the scheduling directives of gated pods), with the policy's message word for word. It still removes the
-    gate and labels pods; another user with the same rights may change the image (the policy is the
-    allocator's alone)."""
+    refuses it a new container or init container image on a running pod; tolerations, a nodeSelector or an
+    affinity on a gated one (all of which kube-apiserver's own validation allows: pkg/apis/core/validation
+    ValidatePodUpdate, and the scheduling directives of gated pods); and the removal of another controller's
+    gate; with the policy's messages word for word. It still removes its own gate and labels pods; another
+    user with the same rights may change the image (the policy is the allocator's alone)."""
     objects = kustomize.by_kind(kustomize.build(REPO / "manifests"))
     policy = objects[("ValidatingAdmissionPolicy", "sparkgate-allocator-pod-updates")]
-    images, placement = (v["message"] for v in policy["spec"]["validations"])
-
-    def refusal(name: str, message: str) -> str:
-        return (
-            f"pods \"{name}\" is forbidden: ValidatingAdmissionPolicy 'sparkgate-allocator-pod-updates' with "
-            f"binding 'sparkgate-allocator-pod-updates' denied request: {message}"
-        )
-
+    images, placement, gates = (v["message"] for v in policy["spec"]["validations"])
     with Cluster(
         nodes=1, namespaces=("default", "kube-system", "sparkgate-system", "spark-jobs"), workdir=tmp_path
     ) as cluster:
         install_policies(cluster, objects)
         running = executors.pod("running-exec-1")
+        running["spec"]["initContainers"] = [{"name": "fetch", "image": "example.com/fetch:1"}]
         cluster.store.create("pods", running, namespace="spark-jobs")
         gated = executors.pod("gated-exec-2")
-        gated["spec"]["schedulingGates"] = [{"name": GATE}]
+        gated["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}, {"name": GATE}]
         cluster.store.create("pods", gated, namespace="spark-jobs")
         pods = "/api/v1/namespaces/spark-jobs/pods"
         allocator = Kube.from_kubeconfig(str(cluster.add_user(contract.ALLOCATOR_USER)))
         admin = Kube.from_kubeconfig(str(cluster.add_user("jane@example.com")))
         json_patch = "application/json-patch+json"
         image = [{"op": "replace", "path": "/spec/containers/0/image", "value": "example.com/miner:1"}]
-        toleration = [
-            {
-                "op": "add",
-                "path": "/spec/tolerations/-",
-                "value": {"operator": "Exists", "effect": "NoSchedule"},
+        affinity = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["gpu"]}]}
+                    ]
+                }
             }
-        ]
-        selector = [
-            {
-                "op": "add",
-                "path": "/spec/nodeSelector",
-                "value": {"node-role.kubernetes.io/control-plane": ""},
-            }
-        ]
+        }
+        refused = (
+            ("running-exec-1", image, images),
+            ("running-exec-1", [{**image[0], "path": "/spec/initContainers/0/image"}], images),
+            (
+                "gated-exec-2",
+                [{"op": "add", "path": "/spec/tolerations/-", "value": {"operator": "Exists"}}],
+                placement,
+            ),
+            (
+                "gated-exec-2",
+                [{"op": "add", "path": "/spec/nodeSelector", "value": {"pool": "gpu"}}],
+                placement,
+            ),
+            ("gated-exec-2", [{"op": "add", "path": "/spec/affinity", "value": affinity}], placement),
+            ("gated-exec-2", [{"op": "remove", "path": "/spec/schedulingGates/0"}], gates),
+        )
         try:
-            for name, patch, message in (
-                ("running-exec-1", image, images),
-                ("gated-exec-2", toleration, placement),
-                ("gated-exec-2", selector, placement),
-            ):
-                with pytest.raises(KubeError) as refused:
+            for name, patch, message in refused:
+                with pytest.raises(KubeError) as refusal:
                     allocator.patch(f"{pods}/{name}", patch, json_patch)
-                assert (refused.value.status, refused.value.message) == (403, refusal(name, message))
+                assert (refusal.value.status, refusal.value.message) == (
+                    403,
+                    f"pods \"{name}\" is forbidden: ValidatingAdmissionPolicy 'sparkgate-allocator-pod-updates' "
+                    f"with binding 'sparkgate-allocator-pod-updates' denied request: {message}",
+                ), patch
             labelled = allocator.patch(
                 f"{pods}/running-exec-1", {"metadata": {"labels": {"x": "y"}}}, "application/merge-patch+json"
             )
             assert labelled["metadata"]["labels"]["x"] == "y"
-            released = allocator.patch(f"{pods}/gated-exec-2", REMOVE_GATE, json_patch)
-            assert GATE not in [g["name"] for g in released["spec"].get("schedulingGates", [])]
+            own = [
+                {"op": "test", "path": "/spec/schedulingGates/1/name", "value": GATE},
+                {"op": "remove", "path": "/spec/schedulingGates/1"},
+            ]
+            released = allocator.patch(f"{pods}/gated-exec-2", own, json_patch)
+            assert [g["name"] for g in released["spec"]["schedulingGates"]] == ["kueue.x-k8s.io/admission"]
             assert (
                 admin.patch(f"{pods}/running-exec-1", image, json_patch)["spec"]["containers"][0]["image"]
                 == "example.com/miner:1"
             )
+        finally:
+            allocator.close()
+            admin.close()
+
+
+def test_outside_its_namespace_the_allocator_writes_only_its_own_config_map_copies(
+    kustomize: ModuleType, tmp_path: Path
+) -> None:
+    """RBAC grants it create and delete of ConfigMaps everywhere (the per-app copies): the install's
+    sparkgate-allocator-config-maps refuses it, outside sparkgate-system, a ConfigMap without sparkgate's
+    label and the deletion of one that is not its own (what a pod mounts is not the allocator's to
+    replace), with the policy's message word for word; its copies and its histories are written as before,
+    and other users are not concerned."""
+    objects = kustomize.by_kind(kustomize.build(REPO / "manifests"))
+    [message] = [
+        v["message"]
+        for v in objects[("ValidatingAdmissionPolicy", "sparkgate-allocator-config-maps")]["spec"][
+            "validations"
+        ]
+    ]
+    with Cluster(
+        nodes=1, namespaces=("default", "kube-system", "sparkgate-system", "spark-jobs"), workdir=tmp_path
+    ) as cluster:
+        install_policies(cluster, objects)
+        cluster.store.create(
+            "configmaps", {"metadata": {"name": "app-config"}, "data": {"a": "1"}}, namespace="spark-jobs"
+        )
+        allocator = Kube.from_kubeconfig(str(cluster.add_user(contract.ALLOCATOR_USER)))
+        admin = Kube.from_kubeconfig(str(cluster.add_user("jane@example.com")))
+        ours = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
+        jobs, system = (
+            "/api/v1/namespaces/spark-jobs/configmaps",
+            "/api/v1/namespaces/sparkgate-system/configmaps",
+        )
+
+        def config_map(name: str, labels: dict[str, str] | None = None) -> Obj:
+            return {"metadata": {"name": name, "labels": labels or {}}, "data": {"a": "2"}}
+
+        def refusal(name: str) -> str:
+            return (
+                f"configmaps \"{name}\" is forbidden: ValidatingAdmissionPolicy 'sparkgate-allocator-config-maps' "
+                f"with binding 'sparkgate-allocator-config-maps' denied request: {message}"
+            )
+
+        try:
+            for write in (
+                lambda: allocator.create(jobs, config_map("settings")),
+                lambda: allocator.delete(f"{jobs}/app-config"),
+            ):
+                with pytest.raises(KubeError) as refused:
+                    write()
+                assert refused.value.status == 403
+            assert refused.value.message == refusal("app-config")
+            allocator.create(jobs, config_map("sparkgate-spark-log4j-app", ours))
+            allocator.delete(f"{jobs}/sparkgate-spark-log4j-app")
+            allocator.create(system, config_map("sparkgate-history-x"))
+            allocator.delete(f"{system}/sparkgate-history-x")
+            admin.create(jobs, config_map("settings"))
+            admin.delete(f"{jobs}/app-config")
+            names = sorted(c["metadata"]["name"] for c in cluster.store.list_objects("configmaps")[0])
+            assert "settings" in names and "app-config" not in names
         finally:
             allocator.close()
             admin.close()
