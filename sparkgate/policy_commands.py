@@ -62,6 +62,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
+    if (args.act_as or args.as_group) and not args.cluster:
+        print(
+            "sparkgate policy check: --as and --as-group act on the cluster: add --cluster", file=sys.stderr
+        )
+        return 2
     try:
         with open(args.file, encoding="utf-8") as f:
             text = f.read()

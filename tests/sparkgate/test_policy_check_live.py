@@ -186,20 +186,56 @@ def test_the_dry_runs_can_be_made_as_another_user(
     live: tuple[Cluster, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`--as`/`--as-group`, as kubectl's: every request of the check (the namespaces listed, each dry-run pod
-    created) is made as the user impersonated (a namespace's Spark service account here), and the verdicts
-    are the same as the admin's own."""
+    created) is made as the user impersonated (a namespace's Spark service account here) with the groups
+    given (an admission policy that refuses that account's pods outside the group sees it), and the verdicts
+    are the same as the admin's own. Without --cluster the flags are refused (they would do nothing)."""
     cluster, _ = live
     candidate = tmp_path / "candidate.yaml"
     candidate.write_text(CANDIDATE)
     config = str(cluster.kubeconfig("admin"))
     spark = "system:serviceaccount:spark-a:spark"
+    cluster.store.create(
+        "validatingadmissionpolicies",
+        {
+            "metadata": {"name": "spark-users"},
+            "spec": {
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": [""],
+                            "apiVersions": ["v1"],
+                            "operations": ["CREATE"],
+                            "resources": ["pods"],
+                        }
+                    ]
+                },
+                "matchConditions": [
+                    {"name": "spark", "expression": f"request.userInfo.username == '{spark}'"}
+                ],
+                "validations": [{"expression": "'spark-users' in request.userInfo.groups"}],
+            },
+        },
+    )
+    cluster.store.create(
+        "validatingadmissionpolicybindings",
+        {
+            "metadata": {"name": "spark-users"},
+            "spec": {"policyName": "spark-users", "validationActions": ["Deny"]},
+        },
+    )
     runs = []
-    for act_as in ([], ["--as", spark, "--as-group", "spark-users"]):
-        before = len(cluster.requests.entries())
-        code = main(["policy", "check", str(candidate), "--cluster", "--kubeconfig", config, *act_as])
-        requests = [e for e in cluster.requests.entries()[before:] if e.user == "admin"]
-        runs.append((code, capsys.readouterr().out, [(e.verb, e.resource) for e in requests]))
-        impersonated = {e.impersonated for e in requests}
+    try:
+        for act_as in ([], ["--as", spark, "--as-group", "spark-users"]):
+            before = len(cluster.requests.entries())
+            code = main(["policy", "check", str(candidate), "--cluster", "--kubeconfig", config, *act_as])
+            requests = [e for e in cluster.requests.entries()[before:] if e.user == "admin"]
+            runs.append((code, capsys.readouterr().out, [(e.verb, e.resource) for e in requests]))
+            impersonated = {e.impersonated for e in requests}
+    finally:
+        cluster.store.delete("validatingadmissionpolicybindings", None, "spark-users")
+        cluster.store.delete("validatingadmissionpolicies", None, "spark-users")
     (code, out, requests), (code_as, out_as, requests_as) = runs
     assert code == code_as == 0 and out == out_as and requests == requests_as
     assert ("create", "pods") in requests_as and impersonated == {spark}
+    assert main(["policy", "check", str(candidate), "--as", spark]) == 2
+    assert "add --cluster" in capsys.readouterr().err
