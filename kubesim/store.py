@@ -750,7 +750,16 @@ class Store:
                 raise not_found(resource, name)
             meta = current["metadata"]
             _check_preconditions(r.kind, name, meta, preconditions)
-            grace = podrules.grace_period(current, grace_period_seconds) if resource == "pods" else 0
+            if _pending_graceful(meta, grace_period_seconds):
+                return current  # a graceful deletion is pending: nothing changes
+            old_grace = meta.get("deletionGracePeriodSeconds")
+            if resource != "pods":
+                grace = 0
+            elif meta.get("deletionTimestamp") and old_grace:
+                assert grace_period_seconds is not None  # none asked: pending (above)
+                grace = _period(grace_period_seconds)  # a shorter one, as asked
+            else:
+                grace = podrules.grace_period(current, grace_period_seconds)
             removed = False
             if resource == "pods" or meta.get("finalizers"):
                 # registry/rest/delete.go BeforeDelete and registry/store.go Delete: a pod (a graceful
@@ -758,9 +767,6 @@ class Store:
                 # included ("The deletion operation happens in two phases"), then deleted from storage if its
                 # grace is 0 and it has no finalizer; one already being deleted may only have its grace
                 # shortened, its deletionTimestamp moved by the difference.
-                old_grace = meta.get("deletionGracePeriodSeconds")
-                if meta.get("deletionTimestamp") and old_grace and grace >= int(old_grace):
-                    return current  # a graceful deletion is pending: nothing changes
                 new = clone(current)
                 if meta.get("deletionTimestamp") and old_grace:
                     start = _rfc3339_seconds(meta["deletionTimestamp"]) - int(old_grace)
@@ -808,10 +814,8 @@ class Store:
             raise not_found(resource, name)
         meta = current["metadata"]
         _check_preconditions(kind, name, meta, preconditions)
-        if resource == "pods" and meta.get("deletionTimestamp") and meta.get("deletionGracePeriodSeconds"):
-            grace = podrules.grace_period(current, grace_period_seconds)
-            if grace >= int(meta["deletionGracePeriodSeconds"]):
-                return
+        if _pending_graceful(meta, grace_period_seconds):
+            return
         request = AdmissionRequest("DELETE", resource, "", key[0], name, None, current, user, False)
         assert self.validate is not None
         self.validate(request, None)
@@ -927,6 +931,21 @@ _PRECONDITION_FAILED = {
     "resourceVersion": "the ResourceVersion in the precondition ({want}) does not match the ResourceVersion in "
     "record ({have}). The object might have been modified",
 }
+
+
+def _period(requested: int) -> int:
+    """A requested grace period: a negative one is 1 s on the delete path (registry/rest/delete.go)."""
+    return 1 if requested < 0 else requested
+
+
+def _pending_graceful(meta: Obj, requested: int | None) -> bool:
+    """registry/rest/delete.go BeforeDelete: an object already being deleted with a grace period keeps it
+    unless a shorter one is asked for ("graceful deletion is pending, do nothing"); no period asked is none
+    shorter (the pod's terminationGracePeriodSeconds is not read again)."""
+    old = meta.get("deletionGracePeriodSeconds")
+    if not meta.get("deletionTimestamp") or not old:
+        return False
+    return requested is None or _period(requested) >= int(old)
 
 
 def _check_preconditions(

@@ -299,6 +299,9 @@ class LeaderTask:
                 if self.monotonic() >= next_run and leading:
                     try:
                         ran = self.work()
+                    except KubeError as e:  # the API server's answer: one line, no traceback at every run
+                        log.error("task %s failed (run again in %gs): %s", self.name, self.interval, e)
+                        self.on_run(self.name, "error")
                     except Exception:
                         log.exception("task %s failed (run again in %gs)", self.name, self.interval)
                         self.on_run(self.name, "error")

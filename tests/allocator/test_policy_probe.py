@@ -13,8 +13,10 @@ with name NAME was found`); a dry run (`dryRun=All`) stores nothing.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -26,6 +28,7 @@ from kubesim.cluster import Cluster
 from sandbox.localsystem import LocalSystem
 from sparkgate import contract
 from sparkgate.kube import Kube
+from sparkgate.leader import LeaderTask
 from sparkgate.policy_file import PolicySource
 
 REPO = Path(__file__).resolve().parents[2]
@@ -298,3 +301,37 @@ def test_a_driver_whose_profile_names_a_class_a_runtime_class_and_an_account_run
         },
         "spark": {"admitted": True, "namespacesProbed": 1, "refused": {}},
     }
+
+
+def test_a_probe_that_cannot_list_the_namespaces_is_a_failed_run(
+    cluster: Cluster, leader: Callable[..., Leader]
+) -> None:
+    """Run as the allocator runs it (a LeaderTask polling `run_if_due`): a refused namespace list is counted
+    as an error (sparkgate_allocator_task_runs_total{result="error"}, SparkgateAllocatorTaskFailing), the
+    polls in between are not counted, and the next due run that goes through is "ok"."""
+    one = leader(POLICY.format(klass="spark-batch", extra=""))
+    cluster.faults.fail("list", "namespaces", 403, count=None)
+    outcomes: list[str] = []
+    stop = threading.Event()
+    polls = [0]
+
+    def poll() -> bool:
+        polls[0] += 1
+        if polls[0] == 4:  # the interval has passed, and the API server lets the allocator list again
+            one.clock.now += 300
+            cluster.faults.clear()
+        if polls[0] == 6:
+            stop.set()
+        return one.probe.run_if_due()
+
+    def count(_task: str, result: str) -> None:
+        outcomes.append(result)
+
+    elector: Any = SimpleNamespace(leading=True, retry_period=0.01)
+    task = LeaderTask("policy-probe", 0.0, poll, elector=elector, own_lease=False, stop=stop, on_run=count)
+    runner = threading.Thread(target=task.run, daemon=True)
+    runner.start()
+    runner.join(timeout=60)
+    stop.set()
+    assert not runner.is_alive()
+    assert outcomes == ["error", "ok"]

@@ -393,3 +393,36 @@ def test_a_delete_is_validated_with_the_object_being_deleted_as_old_object(
     assert e.value.status == 409
     core.delete_namespaced_config_map("gone", "spark")
     assert [c["metadata"]["name"] for c in cluster.store.list_objects("configmaps", "spark")[0]] == ["kept"]
+
+
+def test_a_pending_graceful_deletion_is_neither_validated_nor_changed_by_a_plain_delete(
+    cluster: Cluster, core: client.CoreV1Api
+) -> None:
+    """registry/rest/delete.go BeforeDelete: a pod already being deleted with a grace period keeps it when a
+    DELETE asks for none or a longer one ("graceful deletion is pending, do nothing": no validation, the
+    pod's terminationGracePeriodSeconds not read again), and a shorter one is a deletion again, validated."""
+    admission = client.AdmissionregistrationV1Api(core.api_client)
+    rule = {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["DELETE"], "resources": ["pods"]}
+    admission.create_validating_admission_policy(
+        {
+            "metadata": {"name": "no-pod-deletes"},
+            "spec": {"matchConstraints": {"resourceRules": [rule]}, "validations": [{"expression": "false"}]},
+        }
+    )
+    admission.create_validating_admission_policy_binding(
+        {
+            "metadata": {"name": "no-pod-deletes"},
+            "spec": {"policyName": "no-pod-deletes", "validationActions": ["Deny"]},
+        }
+    )
+    # Bound to a node no kubelet runs: nothing finishes the deletion.
+    core.create_namespaced_pod("spark", pod("p", nodeName="elsewhere", terminationGracePeriodSeconds=10))
+    cluster.store.delete("pods", "spark", "p", grace_period_seconds=60)  # no user: not an API request
+    pending = cluster.store.get("pods", "spark", "p")
+    for grace in (None, 60, 90):
+        core.delete_namespaced_pod("p", "spark", grace_period_seconds=grace)
+    assert cluster.store.get("pods", "spark", "p") == pending
+    with pytest.raises(client.ApiException) as e:
+        core.delete_namespaced_pod("p", "spark", grace_period_seconds=5)
+    assert e.value.status == 422 and "no-pod-deletes" in json.loads(e.value.body)["message"]
+    assert cluster.store.get("pods", "spark", "p") == pending

@@ -429,14 +429,13 @@ def test_outside_its_namespace_the_allocator_writes_only_its_own_config_map_copi
             )
 
         try:
-            for write in (
-                lambda: allocator.create(jobs, config_map("settings")),
-                lambda: allocator.delete(f"{jobs}/app-config"),
+            for name, write in (
+                ("settings", lambda: allocator.create(jobs, config_map("settings"))),
+                ("app-config", lambda: allocator.delete(f"{jobs}/app-config")),
             ):
                 with pytest.raises(KubeError) as refused:
                     write()
-                assert refused.value.status == 403
-            assert refused.value.message == refusal("app-config")
+                assert (refused.value.status, refused.value.message) == (403, refusal(name))
             allocator.create(jobs, config_map("sparkgate-spark-log4j-app", ours))
             allocator.delete(f"{jobs}/sparkgate-spark-log4j-app")
             allocator.create(system, config_map("sparkgate-history-x"))

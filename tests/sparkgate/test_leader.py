@@ -201,6 +201,14 @@ def test_a_renew_that_lands_while_a_follower_reads_is_dated_from_the_read_not_be
         follower_kube.close()
 
 
+def finish(task: LeaderTask) -> None:
+    """Run the task until its work stops it; a task that never does fails the test instead of hanging it."""
+    task.thread.start()
+    task.thread.join(timeout=60)
+    task.stop.set()
+    assert not task.thread.is_alive(), "the task's work never stopped it"
+
+
 class _Held:
     """An elector whose `leading` is set by the test (LeaderTask without its own Lease only reads it)."""
 
@@ -236,9 +244,11 @@ def test_a_leader_task_counts_runs_not_polls_and_not_a_followers_work() -> None:
             stop.set()
 
     leader: Any = _Held(True)
-    LeaderTask(
-        "probe", 0.5, work, elector=leader, own_lease=False, stop=stop, on_run=count, monotonic=monotonic
-    ).run()
+    finish(
+        LeaderTask(
+            "probe", 0.5, work, elector=leader, own_lease=False, stop=stop, on_run=count, monotonic=monotonic
+        )
+    )
     assert runs == [("probe", "ok"), ("probe", "ok"), ("probe", "error")]
     follower, followed = threading.Event(), []
 
@@ -250,15 +260,17 @@ def test_a_leader_task_counts_runs_not_polls_and_not_a_followers_work() -> None:
 
     counted: list[tuple[str, str]] = []
     standby: Any = _Held(False)
-    LeaderTask(
-        "certs",
-        0.5,
-        work,
-        elector=standby,
-        own_lease=False,
-        stop=follower,
-        on_run=lambda name, result: counted.append((name, result)),
-        follow=follower_work,
-        monotonic=monotonic,
-    ).run()
+    finish(
+        LeaderTask(
+            "certs",
+            0.5,
+            work,
+            elector=standby,
+            own_lease=False,
+            stop=follower,
+            on_run=lambda name, result: counted.append((name, result)),
+            follow=follower_work,
+            monotonic=monotonic,
+        )
+    )
     assert len(followed) == 3 and counted == []
