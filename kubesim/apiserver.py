@@ -449,6 +449,7 @@ class _Handler(BaseHTTPRequestHandler):
                 preconditions=options.get("preconditions"),
                 propagation_policy=query.get("propagationPolicy", options.get("propagationPolicy")),
                 user=user,
+                dry_run=dry,
             )
             return 200, deleted
         if verb == "deletecollection":

@@ -91,10 +91,9 @@ def review_request(request: AdmissionRequest, obj: Obj | None) -> Obj:
     r = RESOURCES[request.resource]
     gvk = {"group": r.group, "version": r.version, "kind": r.kind}
     gvr = {"group": r.group, "version": r.version, "resource": request.resource}
-    options: Obj = {
-        "kind": "CreateOptions" if request.operation == "CREATE" else "UpdateOptions",
-        "apiVersion": "meta.k8s.io/v1",
-    }
+    # The operation's options object (k8s.io/apiserver admission.Attributes GetOperationOptions).
+    kinds = {"CREATE": "CreateOptions", "DELETE": "DeleteOptions"}
+    options: Obj = {"kind": kinds.get(request.operation, "UpdateOptions"), "apiVersion": "meta.k8s.io/v1"}
     if request.dry_run:
         options["dryRun"] = ["All"]
     body: Obj = {

@@ -737,13 +737,18 @@ class Store:
         preconditions: dict[str, Any] | None = None,
         propagation_policy: str | None = None,
         user: UserInfo | None = None,
+        dry_run: bool = False,
     ) -> Obj:
+        """`dry_run` (dryRun=All): validated as the deletion would be, the object answered as it would be
+        (being deleted, or gone), nothing stored."""
         r = _resource(resource)
         if resource == "namespaces":
             return self._delete_namespace(name, preconditions)
         key = (namespace or "" if r.namespaced else "", name)
         if user is not None and self.validate is not None:
-            self._validate_delete(resource, r.kind, key, name, grace_period_seconds, preconditions, user)
+            self._validate_delete(
+                resource, r.kind, key, name, grace_period_seconds, preconditions, user, dry_run
+            )
         with self._lock:
             current = self._objects[resource].get(key)
             if current is None:
@@ -777,9 +782,11 @@ class Store:
                         new["metadata"]["generation"] = int(meta["generation"]) + 1
                 new["metadata"]["deletionGracePeriodSeconds"] = grace
                 if new != current:
-                    current = self._commit(resource, key, new, "MODIFIED", current)
+                    current = new if dry_run else self._commit(resource, key, new, "MODIFIED", current)
                 stored = current
             if grace == 0 and not current["metadata"].get("finalizers"):
+                if dry_run:
+                    return current
                 stored = self._commit(resource, key, None, "DELETED", current)
                 removed = True
         self._dispatch()
@@ -800,6 +807,7 @@ class Store:
         grace_period_seconds: int | None,
         preconditions: dict[str, Any] | None,
         user: UserInfo,
+        dry_run: bool,
     ) -> None:
         """The validating admission of a DELETE (ValidatingAdmissionPolicies and webhooks that match it), as
         k8s.io/apiserver's handlers/delete.go gives it (rest.AdmissionToValidateObjectDeleteFunc): no object,
@@ -816,7 +824,7 @@ class Store:
         _check_preconditions(kind, name, meta, preconditions)
         if _pending_graceful(meta, grace_period_seconds):
             return
-        request = AdmissionRequest("DELETE", resource, "", key[0], name, None, current, user, False)
+        request = AdmissionRequest("DELETE", resource, "", key[0], name, None, current, user, dry_run)
         assert self.validate is not None
         self.validate(request, None)
 

@@ -349,8 +349,8 @@ def test_a_delete_is_validated_with_the_object_being_deleted_as_old_object(
 ) -> None:
     """k8s.io/apiserver/pkg/endpoints/handlers/delete.go gives a DELETE to validating admission through
     rest.AdmissionToValidateObjectDeleteFunc: no `object`, the object being deleted as `oldObject`, the
-    operation DELETE; the etcd3 store checks the preconditions first (a wrong uid is a 409, not the policy's
-    403)."""
+    operation DELETE, its options a DeleteOptions; the etcd3 store checks the preconditions first (a wrong
+    uid is a 409, not the policy's 403). A dry run (dryRun=All) is validated the same and deletes nothing."""
     admission = client.AdmissionregistrationV1Api(core.api_client)
     rule = {
         "apiGroups": [""],
@@ -366,7 +366,7 @@ def test_a_delete_is_validated_with_the_object_being_deleted_as_old_object(
                 "validations": [
                     {
                         "expression": "object == null && request.operation == 'DELETE' && "
-                        "!('keep' in oldObject.metadata.labels)",
+                        "request.options.kind == 'DeleteOptions' && !('keep' in oldObject.metadata.labels)",
                         "reason": "Forbidden",
                         "message": "kept",
                     }
@@ -391,6 +391,18 @@ def test_a_delete_is_validated_with_the_object_being_deleted_as_old_object(
             "kept", "spark", body=client.V1DeleteOptions(preconditions={"uid": "x"})
         )
     assert e.value.status == 409
+    with pytest.raises(client.ApiException) as e:
+        core.delete_namespaced_config_map("kept", "spark", dry_run="All")
+    assert e.value.status == 403
+    core.delete_namespaced_config_map("gone", "spark", dry_run="All")
+    assert {c["metadata"]["name"] for c in cluster.store.list_objects("configmaps", "spark")[0]} == {
+        "kept",
+        "gone",
+    }
+    core.create_namespaced_pod("spark", pod("gated", schedulingGates=GATE))
+    before = cluster.store.resource_version
+    core.delete_namespaced_pod("gated", "spark", dry_run="All")
+    assert cluster.store.resource_version == before and cluster.store.get("pods", "spark", "gated")
     core.delete_namespaced_config_map("gone", "spark")
     assert [c["metadata"]["name"] for c in cluster.store.list_objects("configmaps", "spark")[0]] == ["kept"]
 
