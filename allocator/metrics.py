@@ -93,7 +93,7 @@ class AllocatorMetrics:
         # The process's own health, as every Prometheus client library exports it (client-go's controllers
         # too): resident memory, CPU, open files and their limit, start time (`process_*`, from /proc), the
         # Python version (`python_info`) and the garbage collector's work (`python_gc_*`). A run of months is
-        # watched for exactly these (the dashboard's "Allocator process" panels, docs/metrics.md).
+        # watched for exactly these (the dashboard's "Allocator memory", "CPU" and "open files", docs/metrics.md).
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         GCCollector(registry=r)
