@@ -86,14 +86,17 @@ def namespace_object(store: Store, request: AdmissionRequest) -> Obj | None:
         return None
 
 
+# Each operation's options object (k8s.io/apiserver admission.Attributes GetOperationOptions); UPDATE's and
+# CONNECT's otherwise.
+_OPTIONS = {"CREATE": "CreateOptions", "DELETE": "DeleteOptions"}
+
+
 def review_request(request: AdmissionRequest, obj: Obj | None) -> Obj:
     """An AdmissionReview v1 `request`; also the CEL `request` variable (without the objects)."""
     r = RESOURCES[request.resource]
     gvk = {"group": r.group, "version": r.version, "kind": r.kind}
     gvr = {"group": r.group, "version": r.version, "resource": request.resource}
-    # The operation's options object (k8s.io/apiserver admission.Attributes GetOperationOptions).
-    kinds = {"CREATE": "CreateOptions", "DELETE": "DeleteOptions"}
-    options: Obj = {"kind": kinds.get(request.operation, "UpdateOptions"), "apiVersion": "meta.k8s.io/v1"}
+    options: Obj = {"kind": _OPTIONS.get(request.operation, "UpdateOptions"), "apiVersion": "meta.k8s.io/v1"}
     if request.dry_run:
         options["dryRun"] = ["All"]
     body: Obj = {

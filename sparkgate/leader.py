@@ -296,26 +296,11 @@ class LeaderTask:
         try:
             while not self.stop.is_set():
                 leading = self.elector.turn() if self.own_lease else self.elector.leading
-                if self.monotonic() >= next_run and leading:
-                    try:
-                        ran = self.work()
-                    except KubeError as e:  # the API server's answer: one line, no traceback at every run
-                        log.error("task %s failed (run again in %gs): %s", self.name, self.interval, e)
-                        self.on_run(self.name, "error")
-                    except Exception:
-                        log.exception("task %s failed (run again in %gs)", self.name, self.interval)
-                        self.on_run(self.name, "error")
+                if self.monotonic() >= next_run and (leading or self.follow is not None):
+                    if leading:
+                        self._run_work()
                     else:
-                        if ran is not False:
-                            self.on_run(self.name, "ok")
-                    next_run = self.monotonic() + self.interval
-                elif self.monotonic() >= next_run and self.follow is not None:
-                    try:
-                        self.follow()
-                    except Exception:
-                        log.exception(
-                            "task %s: a follower's work failed (again in %gs)", self.name, self.interval
-                        )
+                        self._follow()
                     next_run = self.monotonic() + self.interval
                 wait = max(0.0, next_run - self.monotonic())
                 if self.own_lease or not leading:
@@ -324,3 +309,25 @@ class LeaderTask:
         finally:
             if self.own_lease:
                 self.elector.release()
+
+    def _run_work(self) -> None:
+        """One poll of `work` on the leader, counted unless it says it had nothing to do."""
+        try:
+            ran = self.work()
+        except KubeError as e:  # the API server's answer: one line, no traceback at every run
+            log.error("task %s failed (run again in %gs): %s", self.name, self.interval, e)
+            self.on_run(self.name, "error")
+        except Exception:
+            log.exception("task %s failed (run again in %gs)", self.name, self.interval)
+            self.on_run(self.name, "error")
+        else:
+            if ran is not False:
+                self.on_run(self.name, "ok")
+
+    def _follow(self) -> None:
+        """A follower's `follow`: not a run of the task, never counted."""
+        assert self.follow is not None
+        try:
+            self.follow()
+        except Exception:
+            log.exception("task %s: a follower's work failed (again in %gs)", self.name, self.interval)

@@ -8,6 +8,7 @@ import datetime as dt
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -209,14 +210,6 @@ def finish(task: LeaderTask) -> None:
     assert not task.thread.is_alive(), "the task's work never stopped it"
 
 
-class _Held:
-    """An elector whose `leading` is set by the test (LeaderTask without its own Lease only reads it)."""
-
-    def __init__(self, leading: bool) -> None:
-        self.leading = leading
-        self.retry_period = 0.01
-
-
 def test_a_leader_task_counts_runs_not_polls_and_not_a_followers_work() -> None:
     """`on_run` counts each run of `work` on the leader: "ok" when it went through, "error" when it raised;
     a poll that found nothing due (work returns False) is no run, and a follower's `follow` is never counted,
@@ -243,7 +236,8 @@ def test_a_leader_task_counts_runs_not_polls_and_not_a_followers_work() -> None:
         if len(runs) == 3:
             stop.set()
 
-    leader: Any = _Held(True)
+    # An elector as a LeaderTask without its own Lease reads it.
+    leader: Any = SimpleNamespace(leading=True, retry_period=0.01)
     finish(
         LeaderTask(
             "probe", 0.5, work, elector=leader, own_lease=False, stop=stop, on_run=count, monotonic=monotonic
@@ -259,7 +253,7 @@ def test_a_leader_task_counts_runs_not_polls_and_not_a_followers_work() -> None:
         raise RuntimeError("cannot read")
 
     counted: list[tuple[str, str]] = []
-    standby: Any = _Held(False)
+    standby: Any = SimpleNamespace(leading=False, retry_period=0.01)
     finish(
         LeaderTask(
             "certs",
