@@ -16,7 +16,7 @@ import threading
 import time
 import traceback
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from .errors import ApiError, UserInfo, bad_request
 from .faults import WRITES, Faults, LoggedRequest, RequestLog
 from .impersonation import PlainTextError, impersonate
 from .jsondata import encode
-from .resources import RESOURCES, SUBRESOURCES, groups
+from .resources import BUILT_IN, RESOURCES, SUBRESOURCES, groups
 from .store import Store
 
 ADMIN = UserInfo("admin", "admin", ("system:masters", "system:authenticated"))
@@ -45,18 +45,19 @@ class Route:
         return f"{self.resource}/{self.subresource}" if self.subresource else self.resource
 
 
-def parse_path(path: str) -> Route | None:
+def parse_path(path: str, served: Collection[str] = BUILT_IN) -> Route | None:
+    """The route of a resource path among the `served` resources (a CRD not installed is not found)."""
     parts = [urllib.parse.unquote(p) for p in path.strip("/").split("/")]
     if parts[:2] == ["api", "v1"]:
         group, rest = "", parts[2:]
-    elif len(parts) >= 3 and parts[0] == "apis" and groups().get(parts[1]) == parts[2]:
+    elif len(parts) >= 3 and parts[0] == "apis" and groups(served).get(parts[1]) == parts[2]:
         group, rest = parts[1], parts[3:]
     else:
         return None
     namespace = None
     if len(rest) >= 3 and rest[0] == "namespaces":
         namespace, rest = rest[1], rest[2:]
-    if not rest or rest[0] not in RESOURCES or RESOURCES[rest[0]].group != group:
+    if not rest or rest[0] not in served or RESOURCES[rest[0]].group != group:
         return None
     resource = RESOURCES[rest[0]]
     if namespace is not None and not resource.namespaced:
@@ -230,7 +231,7 @@ class _Handler(BaseHTTPRequestHandler):
         url = urllib.parse.urlsplit(self.path)
         query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
         requestor = user = self._user()
-        route = parse_path(url.path)
+        route = parse_path(url.path, self.api.store.served)
         verb = _verb(method, route, query)
         self._logged = False
 
@@ -305,6 +306,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _discovery(self, path: str) -> None:
         path = path.rstrip("/")
+        served = self.api.store.served
         if path == "/version":
             self._send(
                 200, {"major": "1", "minor": "36", "gitVersion": "v1.36.0-kubesim", "platform": "linux/amd64"}
@@ -323,14 +325,14 @@ class _Handler(BaseHTTPRequestHandler):
                             "versions": [{"groupVersion": f"{g}/{v}", "version": v}],
                             "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v},
                         }
-                        for g, v in groups().items()
+                        for g, v in groups(served).items()
                         if g
                     ],
                 },
             )
-        elif path.startswith("/apis/") and path.count("/") == 2 and path[len("/apis/") :] in groups():
+        elif path.startswith("/apis/") and path.count("/") == 2 and path[len("/apis/") :] in groups(served):
             group = path[len("/apis/") :]
-            version = {"groupVersion": f"{group}/{groups()[group]}", "version": groups()[group]}
+            version = {"groupVersion": f"{group}/{groups(served)[group]}", "version": groups(served)[group]}
             self._send(
                 200,
                 {
@@ -341,15 +343,26 @@ class _Handler(BaseHTTPRequestHandler):
                     "preferredVersion": version,
                 },
             )
-        elif path == "/api/v1" or (path.startswith("/apis/") and path.count("/") == 3):
+        elif path == "/api/v1" or (
+            path.startswith("/apis/")
+            and path.count("/") == 3
+            and path[len("/apis/") :].split("/")[0] in groups(served)
+        ):
             group_version = "v1" if path == "/api/v1" else path[len("/apis/") :]
+            listed = [r for p, r in RESOURCES.items() if p in served and r.api_version == group_version]
             self._send(
                 200,
                 {
                     "kind": "APIResourceList",
                     "apiVersion": "v1",
                     "groupVersion": group_version,
-                    "resources": [r.describe() for r in RESOURCES.values() if r.api_version == group_version],
+                    "resources": [r.describe() for r in listed]
+                    + [
+                        r.describe_subresource(s)
+                        for r in listed
+                        for p, s in sorted(SUBRESOURCES)
+                        if p == r.plural
+                    ],
                 },
             )
         else:

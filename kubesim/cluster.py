@@ -11,6 +11,10 @@ and system-node-critical, and every namespace has its `default` ServiceAccount.
 
 `wait_for` re-evaluates its predicate after every change in the store (never by sleeping in a loop), so
 tests wait exactly as long as the cluster needs.
+
+With `autoscaler=AutoscalerConfig(groups=[NodeGroup(...)], ...)` the cluster also runs a simulated
+cluster-autoscaler (autoscaler.py), which adds nodes of its node groups and serves the ProvisioningRequest
+CRD; without one (the default) the cluster has only its static nodes and does not serve that CRD.
 """
 
 from __future__ import annotations
@@ -32,10 +36,12 @@ from sparkgate.ratelimit import TokenBucket
 
 from .admission import AdmissionChain, WebhookAdmission
 from .apiserver import ADMIN, ApiServer
+from .autoscaler import Autoscaler, AutoscalerConfig
 from .errors import UserInfo
 from .faults import Faults, RequestLog
 from .kubeconfig import write_kubeconfig
 from .kubelet import Kubelets
+from .nodegroups import node_object
 from .podplugins import SYSTEM_PRIORITY_CLASSES
 from .scheduler import Scheduler
 from .sparkdriver import CONTROLLER_MANAGER_BURST, CONTROLLER_MANAGER_QPS, SparkDriver
@@ -63,6 +69,7 @@ class Cluster:
         workdir: Path | None = None,
         controller_qps: float | None = CONTROLLER_MANAGER_QPS,
         controller_burst: int = CONTROLLER_MANAGER_BURST,
+        autoscaler: AutoscalerConfig | None = None,
     ) -> None:
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="kubesim-"))
@@ -99,6 +106,7 @@ class Cluster:
         for i in range(nodes):
             self.add_node(f"node-{i + 1}", cpu=node_cpu, memory=node_memory, pods=node_pods)
         self.add_user(ADMIN.username, ADMIN.groups)
+        self.autoscaler = Autoscaler(self.store, autoscaler, on_loop=self.notify) if autoscaler else None
 
     # --- setup ----------------------------------------------------------------------------------------
 
@@ -112,18 +120,8 @@ class Cluster:
         labels: Mapping[str, str] | None = None,
         taints: Sequence[Mapping[str, Any]] = (),
     ) -> None:
-        capacity = {"cpu": cpu, "memory": memory, "pods": str(pods)}
         self.store.create(
-            "nodes",
-            {
-                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
-                "spec": {"taints": [dict(t) for t in taints]} if taints else {},
-                "status": {
-                    "capacity": capacity,
-                    "allocatable": capacity,
-                    "conditions": [{"type": "Ready", "status": "True"}],
-                },
-            },
+            "nodes", node_object(name, cpu=cpu, memory=memory, pods=pods, labels=labels, taints=taints)
         )
 
     def add_namespace(self, name: str, labels: Mapping[str, str] | None = None) -> None:
@@ -306,6 +304,7 @@ class Cluster:
                 *(f"pods in {ns}: {dict(c)}" for ns, c in sorted(states.items())),
                 f"scheduler: {self.scheduler.describe()}",
                 f"kubelets: {self.kubelet.describe()}",
+                *([f"autoscaler: {self.autoscaler.describe()}"] if self.autoscaler else []),
                 *drivers,
             ]
         )
@@ -316,11 +315,15 @@ class Cluster:
         self.apiserver.start()
         self.scheduler.start()
         self.kubelet.start()
+        if self.autoscaler:
+            self.autoscaler.start()
         return self
 
     def stop(self) -> None:
         for driver in self._drivers:
             driver.stop()
+        if self.autoscaler:
+            self.autoscaler.stop()
         self.scheduler.stop()
         self.kubelet.stop()
         self.apiserver.stop()

@@ -7,7 +7,8 @@
   container images, activeDeadlineSeconds, additions to tolerations, and the removal of scheduling gates;
   while a pod is gated, nodeSelector additions and affinity too (Pod Scheduling Readiness,
   https://kubernetes.io/docs/concepts/scheduling-eviction/pod-scheduling-readiness/). Status changes on
-  the main resource are ignored; the status subresource changes only the status.
+  the main resource are ignored; the status subresource changes the status and the metadata, never the
+  spec or the ownerReferences.
 - Graceful deletion: a pod that is not bound to a node, or has finished, goes at once; otherwise it gets a
   deletionTimestamp and the kubelet removes it after its grace period.
 """
@@ -133,7 +134,16 @@ def _mutable_masked(spec: Obj, gated: bool) -> Obj:
 def check_update(old: Obj, new: Obj, subresource: str) -> Obj:
     name = old["metadata"]["name"]
     if subresource == "status":
-        return {**clone(old), "metadata": new["metadata"], "status": new.get("status") or {}}
+        # pkg/registry/core/pod/strategy.go `podStatusStrategy.PrepareForUpdate`: the old spec, the old
+        # ownerReferences, the QoS class backfilled; metadata (labels, annotations) and the whole status
+        # as sent. A PodScheduled condition that a client writes on a gated pod is kept as it is.
+        status = clone(new.get("status") or {})
+        if not status.get("qosClass") and (old.get("status") or {}).get("qosClass"):
+            status["qosClass"] = old["status"]["qosClass"]
+        metadata = {k: v for k, v in new["metadata"].items() if k != "ownerReferences"}
+        if "ownerReferences" in old["metadata"]:
+            metadata["ownerReferences"] = clone(old["metadata"]["ownerReferences"])
+        return {**clone(old), "metadata": metadata, "status": status}
     new = {**new, "status": clone(old.get("status") or {})}
     old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
     old_gates = [g.get("name") for g in old_spec.get("schedulingGates") or []]

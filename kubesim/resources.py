@@ -1,7 +1,14 @@
-"""The resources kubesim serves, with the identity the official client expects for each."""
+"""The resources kubesim serves, with the identity the official client expects for each.
+
+Most are built into kube-apiserver and always served. A `crd` resource is a CustomResourceDefinition's: a
+store serves it only once it is installed (`Store.install`), as a real cluster serves
+`autoscaling.x-k8s.io/v1` ProvisioningRequests only where cluster-autoscaler's CRD was applied; until then
+its group is absent from discovery and its paths answer 404.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -13,6 +20,7 @@ class Resource:
     version: str
     namespaced: bool
     short_names: tuple[str, ...] = ()
+    crd: bool = False
 
     @property
     def api_version(self) -> str:
@@ -33,6 +41,12 @@ class Resource:
             "shortNames": list(self.short_names),
         }
 
+    def describe_subresource(self, sub: str) -> dict[str, object]:
+        """The APIResourceList entry of a subresource (`pods/status`: get, patch, update)."""
+        verbs = ["create"] if sub == "binding" else ["get", "patch", "update"]
+        return {"name": f"{self.plural}/{sub}", "singularName": "", "namespaced": self.namespaced,
+                "kind": "Binding" if sub == "binding" else self.kind, "verbs": verbs}  # fmt: skip
+
 
 RESOURCES: dict[str, Resource] = {
     r.plural: r
@@ -40,6 +54,7 @@ RESOURCES: dict[str, Resource] = {
         Resource("namespaces", "Namespace", "", "v1", False, ("ns",)),
         Resource("pods", "Pod", "", "v1", True, ("po",)),
         Resource("configmaps", "ConfigMap", "", "v1", True, ("cm",)),
+        Resource("podtemplates", "PodTemplate", "", "v1", True),
         Resource("secrets", "Secret", "", "v1", True),
         Resource("events", "Event", "", "v1", True, ("ev",)),
         Resource("nodes", "Node", "", "v1", False, ("no",)),
@@ -91,13 +106,26 @@ RESOURCES: dict[str, Resource] = {
             "v1",
             False,
         ),
+        # cluster-autoscaler's CRD (apis/config/crd/autoscaling.x-k8s.io_provisioningrequests.yaml).
+        Resource(
+            "provisioningrequests",
+            "ProvisioningRequest",
+            "autoscaling.x-k8s.io",
+            "v1",
+            True,
+            ("provreq", "provreqs"),
+            crd=True,
+        ),
     )
 }
 
-# Subresources with their own rules: pods/status and pods/binding.
-SUBRESOURCES = {("pods", "status"), ("pods", "binding")}
+# Subresources with their own rules: pods/status and pods/binding, and the CRD's status subresource.
+SUBRESOURCES = {("pods", "status"), ("pods", "binding"), ("provisioningrequests", "status")}
+
+# What a store serves before any CRD is installed.
+BUILT_IN = frozenset(plural for plural, r in RESOURCES.items() if not r.crd)
 
 
-def groups() -> dict[str, str]:
-    """API group → its one version."""
-    return {r.group: r.version for r in RESOURCES.values()}
+def groups(served: Iterable[str] = BUILT_IN) -> dict[str, str]:
+    """API group → its one version, among the `served` resources."""
+    return {RESOURCES[p].group: RESOURCES[p].version for p in served}

@@ -88,6 +88,32 @@ def tolerates(pod: Obj, taint: Obj) -> bool:
     return False
 
 
+def node_misfit(
+    pod: Obj, requests: tuple[int, int], node: Obj, room: tuple[int, int, int]
+) -> tuple[tuple[str, ...], str] | None:
+    """The first failing filter plugin's (reasons, code) for this node, None when the pod fits: TaintToleration,
+    NodeAffinity (nodeSelector), NodeResourcesFit against `room` (free cpu millis, memory bytes, pods).
+    kube-scheduler's filters, and cluster-autoscaler's scheduling simulation, which runs the same plugins."""
+    labels = node["metadata"].get("labels") or {}
+    if not all(tolerates(pod, t) for t in (node.get("spec") or {}).get("taints") or []):
+        return ("node(s) had untolerated taint(s)",), UNRESOLVABLE
+    selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+    if any(labels.get(k) != v for k, v in selector.items()):
+        return ("node(s) didn't match Pod's node affinity/selector",), UNRESOLVABLE
+    cpu, mem = requests
+    c, m, n = room
+    reasons = tuple(
+        text
+        for short, text in (
+            (n < 1, "Too many pods"),
+            (c < cpu, "Insufficient cpu"),
+            (m < mem, "Insufficient memory"),
+        )
+        if short
+    )
+    return (reasons, "unschedulable") if reasons else None
+
+
 def schedulable(pod: Obj) -> bool:
     spec, meta = pod.get("spec") or {}, pod["metadata"]
     return (
@@ -219,6 +245,9 @@ class Scheduler:
         self.attempts = 0  # pods evaluated against the nodes: the scheduler's work (kube-scheduler's
         # scheduling attempts), which grows with every unschedulable pod retried on each cluster change
         self._queue: collections.OrderedDict[Key, None] = collections.OrderedDict()
+        # The most pods the scheduler had waiting at once (ungated, unbound, Pending, not being deleted, of a
+        # profile it serves): what a cap on pending pods bounds. Written by the store's dispatching thread.
+        self.peak_pending = 0
         self._unschedulable: dict[Key, str] = {}  # the last failure message written for each pod
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -265,6 +294,10 @@ class Scheduler:
             self._on_event("MODIFIED", "pods", pod)
         self._wake.set()
 
+    def reset_peak_pending(self) -> None:
+        """Start counting `peak_pending` again from the pods waiting now (a benchmark's phase)."""
+        self.peak_pending = len(self._queue)
+
     def describe(self) -> str:
         alive = "running" if self._thread.is_alive() else "NOT RUNNING"
         return (
@@ -281,6 +314,7 @@ class Scheduler:
             if kind != "DELETED" and schedulable(obj) and self.serves(obj):
                 if key not in self._queue:
                     self._queue[key] = None
+                    self.peak_pending = max(self.peak_pending, len(self._queue))
             else:
                 self._queue.pop(key, None)
                 self._unschedulable.pop(key, None)
@@ -388,25 +422,7 @@ class Scheduler:
         return free
 
     def _misfit(self, pod: Obj, node: Obj, room: tuple[int, int, int]) -> tuple[tuple[str, ...], str] | None:
-        """The first failing filter plugin's (reasons, code) for this node, None when the pod fits."""
-        labels = node["metadata"].get("labels") or {}
-        if not all(tolerates(pod, t) for t in (node.get("spec") or {}).get("taints") or []):
-            return ("node(s) had untolerated taint(s)",), UNRESOLVABLE
-        selector = (pod.get("spec") or {}).get("nodeSelector") or {}
-        if any(labels.get(k) != v for k, v in selector.items()):
-            return ("node(s) didn't match Pod's node affinity/selector",), UNRESOLVABLE
-        cpu, mem = self._requests_of(pod)
-        c, m, n = room
-        reasons = tuple(
-            text
-            for short, text in (
-                (n < 1, "Too many pods"),
-                (c < cpu, "Insufficient cpu"),
-                (m < mem, "Insufficient memory"),
-            )
-            if short
-        )
-        return (reasons, "unschedulable") if reasons else None
+        return node_misfit(pod, self._requests_of(pod), node, room)
 
     def _schedule(self, pod: Obj, free: dict[str, tuple[int, int, int]]) -> Attempt:
         statuses: Statuses = {}
@@ -492,21 +508,37 @@ class Scheduler:
         return total // 2
 
     def _mark_unschedulable(self, key: Key, pod: Obj, attempt: Attempt) -> None:
-        if self._unschedulable.get(key) == attempt.message:
-            return
+        """handleSchedulingFailure (pkg/scheduler/schedule_one.go): a FailedScheduling event, then `updatePod`,
+        which applies podutil.UpdatePodCondition (pkg/api/v1/pod/util.go) to the pod as the scheduler sees it
+        and patches the status only when the condition changed. The new condition keeps the old one's
+        lastTransitionTime when its status (False) is the same, so a `PodScheduled=False` that a client wrote
+        on a gated pod (or the API server's SchedulingGated) is replaced in place, its transition time kept.
+        The patch is a strategic merge of the status: conditions merge by type (util.PatchPodStatus)."""
         self._unschedulable[key] = attempt.message
-        now = now_rfc3339(self.store.clock)
-        status: dict[str, Any] = dict(pod.get("status") or {})
-        conditions = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
-        conditions.append(
-            {
-                "type": "PodScheduled",
-                "status": "False",
-                "reason": attempt.reason,
-                "message": attempt.message,
-                "lastTransitionTime": now,
-            }
+        old = next(
+            (c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"),
+            None,
         )
+        if (
+            old is not None
+            and old.get("status") == "False"
+            and old.get("reason") == attempt.reason
+            and old.get("message") == attempt.message
+            and not old.get("lastProbeTime")
+        ):
+            return
+        now = now_rfc3339(self.store.clock)
+        condition: dict[str, Any] = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": attempt.reason,
+            "message": attempt.message,
+            "lastTransitionTime": old["lastTransitionTime"]
+            if old is not None and old.get("status") == "False" and old.get("lastTransitionTime")
+            else now,
+        }
+        if old is not None and old.get("lastProbeTime"):
+            condition["lastProbeTime"] = None  # the scheduler's condition has none: the patch clears it
         scheduler = (pod.get("spec") or {}).get("schedulerName") or DEFAULT_SCHEDULER
         meta = pod["metadata"]
         with contextlib.suppress(ApiError):  # the event first, then the condition, as handleSchedulingFailure
@@ -535,7 +567,7 @@ class Scheduler:
                 "pods",
                 key[0],
                 key[1],
-                {"status": {"conditions": conditions}},
-                "application/merge-patch+json",
+                {"status": {"conditions": [condition]}},
+                "application/strategic-merge-patch+json",
                 subresource="status",
             )

@@ -34,7 +34,7 @@ from typing import Any
 from sparkgate.json_patch import PatchError, apply_patch, merge_patch
 
 from . import apply as apply_
-from . import ids, podrules, quota
+from . import ids, podrules, provreq, quota
 from .errors import (
     STALE,
     ApiError,
@@ -48,7 +48,7 @@ from .errors import (
     not_found,
 )
 from .jsondata import clone
-from .resources import RESOURCES, Resource
+from .resources import BUILT_IN, RESOURCES, SUBRESOURCES, Resource
 from .selectors import field_selector, label_selector
 from .strategic import strategic_merge
 from .validation import check_object
@@ -88,22 +88,13 @@ class Event:
     old: Obj | None
 
 
-def _rfc3339_seconds(text: str) -> float:
+def rfc3339_seconds(text: str) -> float:
     """A metadata timestamp (now_rfc3339's form) as unix seconds."""
     return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
 
 
 def now_rfc3339(clock: Callable[[], float]) -> str:
     return dt.datetime.fromtimestamp(clock(), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _resource(plural: str) -> Resource:
-    try:
-        return RESOURCES[plural]
-    except KeyError:
-        raise ApiError(
-            404, "NotFound", f"the server could not find the requested resource ({plural})"
-        ) from None
 
 
 class Store:
@@ -120,6 +111,7 @@ class Store:
         self.validate = validate
         self._lock = threading.RLock()
         self._objects: dict[str, dict[Key, Obj]] = {plural: {} for plural in RESOURCES}
+        self._served = set(BUILT_IN)  # grows by `install` (a CRD); read by the API server's routing
         self._rv = 1
         self._log: collections.deque[Event] = collections.deque(maxlen=compaction_window)
         self._floor = 2  # the oldest resourceVersion whose event is still in the log (or the next one)
@@ -134,6 +126,23 @@ class Store:
         # owners and dependents (pkg/controller/garbagecollector/graph_builder.go `uidToNode`): a deletion
         # finds its dependents without walking every object.
         self._dependents: dict[str, set[tuple[str, Key]]] = {}
+
+    # --- serving -----------------------------------------------------------------------------------
+
+    @property
+    def served(self) -> frozenset[str]:
+        return frozenset(self._served)
+
+    def install(self, plural: str) -> None:
+        """Serve a CRD's resource from now on (as applying its CustomResourceDefinition does)."""
+        if plural not in RESOURCES or not RESOURCES[plural].crd:
+            raise ValueError(f"{plural} is not a CRD kubesim knows")
+        self._served.add(plural)
+
+    def _resource(self, plural: str) -> Resource:
+        if plural not in self._served:
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({plural})")
+        return RESOURCES[plural]
 
     # --- reading -----------------------------------------------------------------------------------
 
@@ -151,7 +160,7 @@ class Store:
         return self._floor
 
     def get(self, resource: str, namespace: str | None, name: str) -> Obj:
-        r = _resource(resource)
+        r = self._resource(resource)
         with self._lock:
             obj = self._objects[resource].get((namespace or "" if r.namespaced else "", name))
         if obj is None:
@@ -169,7 +178,7 @@ class Store:
         continue_after: Key | None = None,
     ) -> tuple[list[Obj], int, Key | None]:
         """(items sorted by namespace/name, list resourceVersion, the last key when `limit` cut the list)."""
-        _resource(resource)
+        self._resource(resource)
         labels_ok = _label_filter(label_selector)
         fields_ok = _field_filter(field_selector)
         with self._lock:
@@ -233,7 +242,7 @@ class Store:
         name: str | None = None,
     ) -> Watch:
         """ApiError 410 Expired when `resource_version` was compacted away, 400 on a bad selector."""
-        _resource(resource)
+        self._resource(resource)
         try:
             matches = matcher(namespace, label_selector, field_selector, name)
         except ValueError as e:
@@ -427,7 +436,7 @@ class Store:
         user: UserInfo | None = None,
         dry_run: bool = False,
     ) -> Obj:
-        r = _resource(resource)
+        r = self._resource(resource)
         if not isinstance(obj, dict):
             raise bad_request("the body is not an object")
         obj = clone(obj)
@@ -466,6 +475,10 @@ class Store:
                 obj["metadata"]["namespace"] = ns
             if resource == "pods":
                 podrules.prepare_for_create(obj, now_rfc3339(self.clock))
+            elif (resource, "status") in SUBRESOURCES:  # a CRD with a status subresource: PrepareForCreate
+                obj.pop("status", None)
+            if resource == "provisioningrequests":
+                provreq.validate(obj, None)
             check_object(resource, r.kind, obj)
             self._validate(request, obj)
             with self._lock:
@@ -606,7 +619,7 @@ class Store:
     ) -> tuple[Obj, bool]:
         """Server-side apply (patch.go `applyPatcher`, apply.py): (the object, whether the apply created it).
         An apply to a missing object creates it (CREATE admission); one that changes nothing writes nothing."""
-        r = _resource(resource)
+        r = self._resource(resource)
         config = apply_.check_request(config, api_version=r.api_version, name=name, manager=manager)
         key = (namespace or "" if r.namespaced else "", name)
 
@@ -638,7 +651,7 @@ class Store:
         wanted_rv: str | None,
         dry_run: bool = False,
     ) -> Obj:
-        r = _resource(resource)
+        r = self._resource(resource)
         key = (namespace or "" if r.namespaced else "", name)
         for _ in range(20):  # GuaranteedUpdate: retry a PATCH on a concurrent change
             with self._lock:
@@ -660,7 +673,16 @@ class Store:
             if resource == "pods":
                 new = podrules.check_update(current, new, subresource)
             elif subresource == "status":
+                # A CRD's status strategy (apiextensions-apiserver customresource/status_strategy.go
+                # `PrepareForUpdate`): the old object with the new status, metadata changes dropped.
                 new = {**clone(current), "status": new.get("status")}
+            elif (resource, "status") in SUBRESOURCES:
+                # ... and its main strategy keeps the old status (customresource/strategy.go).
+                new = {**new, "status": clone(current.get("status"))}
+                if new["status"] is None:
+                    del new["status"]
+            if resource == "provisioningrequests":
+                provreq.validate(new, current)
             request = None
             if not subresource:
                 request, admitted = self._admit("UPDATE", resource, new, current, user, dry_run)
@@ -741,7 +763,7 @@ class Store:
     ) -> Obj:
         """`dry_run` (dryRun=All): validated as the deletion would be, the object answered as it would be
         (being deleted, or gone), nothing stored."""
-        r = _resource(resource)
+        r = self._resource(resource)
         if resource == "namespaces":
             return self._delete_namespace(name, preconditions)
         key = (namespace or "" if r.namespaced else "", name)
@@ -774,7 +796,7 @@ class Store:
                 # shortened, its deletionTimestamp moved by the difference.
                 new = clone(current)
                 if meta.get("deletionTimestamp") and old_grace:
-                    start = _rfc3339_seconds(meta["deletionTimestamp"]) - int(old_grace)
+                    start = rfc3339_seconds(meta["deletionTimestamp"]) - int(old_grace)
                     new["metadata"]["deletionTimestamp"] = now_rfc3339(lambda: start + grace)
                 elif not meta.get("deletionTimestamp"):
                     new["metadata"]["deletionTimestamp"] = now_rfc3339(lambda: self.clock() + grace)
