@@ -234,9 +234,9 @@ def _invoke(
     if context.is_reinvoke and key not in context.plugin(PLUGIN).reinvoke:
         raise _Skip
     mutated = False
+    variables.define(spec.get("variables") or [])
     for mutation in spec.get("mutations") or []:
         variables.set("object", obj)
-        matching.set_variables(spec.get("variables") or [], variables)
         try:
             obj = _mutation(request, obj, mutation, variables)
             mutated = True
