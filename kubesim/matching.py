@@ -136,20 +136,6 @@ def match_conditions(conditions: list[Obj], variables: cel.Inputs, failure_polic
     return None
 
 
-def set_variables(definitions: list[Obj], variables: cel.Inputs) -> None:
-    """An admission policy's `variables`, in order, each seeing the ones before it, offered as
-    `variables.NAME`; one that fails to evaluate fails the expression that reads it (composition.go)."""
-    computed: dict[str, Any] = {}
-    for variable in definitions:
-        variables.set("variables", dict(computed))  # a new document: Inputs keeps a conversion per document
-        name = str(variable.get("name"))
-        try:
-            computed[name] = cel.evaluate(str(variable.get("expression", "")), variables)
-        except cel.CelError as e:
-            computed[name] = cel.Failed(name, e.why)
-    variables.set("variables", computed)
-
-
 def cel_request(request: AdmissionRequest, obj: Obj | None) -> Obj:
     body = review_request(request, obj)
     return {k: v for k, v in body.items() if k not in ("object", "oldObject")}

@@ -15,8 +15,8 @@ patch/smd.go) and policy/generic (policy_dispatcher.go), with the behaviour meas
 - `paramKind` + the binding's `paramRef` (`name`, or `selector`; `namespace`, else the request's for a
   namespaced kind; `parameterNotFoundAction: Deny` refuses when none is found): one invocation per
   parameter object, offered as `params`.
-- `variables` are evaluated in order before each mutation, on the object as the mutations before it left
-  it, and offered as `variables.NAME` (one that fails fails its readers); CEL also sees
+- `variables` are offered as `variables.NAME`, each evaluated when an expression reads it, on the object as
+  the mutations before it left it (one that fails fails its readers: cel.py); CEL also sees
   `object`, `oldObject`, `request`, `params`, `namespaceObject` (`authorizer` is not offered).
 - `mutations` in order, each seeing the previous one's result. `JSONPatch`: the expression returns a list
   of `JSONPatch{op, path, from, value}` applied to the object; a failed `test` leaves it unchanged; another
@@ -35,7 +35,8 @@ patch/smd.go) and policy/generic (policy_dispatcher.go), with the behaviour meas
   with `reinvocationPolicy: IfNeeded` that changed the object is itself run once more, after the in-tree
   plugins ran again (measured: every mutation must be idempotent).
 
-Not done: CEL's static type check at policy creation (cel.py), the `authorizer` variable, and the measured
+Not done: CEL's static type check at policy creation (cel.py: a type error on `dyn` `object` is accepted by
+the API server too; one on the typed `request` would be refused there), the `authorizer` variable, and the measured
 failure of `ApplyConfiguration` on a server whose OpenAPI document is broken (kubesim behaves as a server
 with a working schema). `apply_policies` runs policies on one object without a cluster, for parity tests.
 
@@ -234,9 +235,9 @@ def _invoke(
     if context.is_reinvoke and key not in context.plugin(PLUGIN).reinvoke:
         raise _Skip
     mutated = False
+    variables.define(spec.get("variables") or [])
     for mutation in spec.get("mutations") or []:
         variables.set("object", obj)
-        matching.set_variables(spec.get("variables") or [], variables)
         try:
             obj = _mutation(request, obj, mutation, variables)
             mutated = True

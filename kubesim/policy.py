@@ -66,7 +66,7 @@ def _evaluate(store: Store, request: AdmissionRequest, obj: Obj | None, spec: Ob
         return None
     if error is not None:
         return "Invalid", error
-    matching.set_variables(spec.get("variables") or [], variables)
+    variables.define(spec.get("variables") or [])
     for validation in spec.get("validations") or []:
         expression = str(validation.get("expression", ""))
         try:

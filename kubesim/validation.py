@@ -92,7 +92,8 @@ def check_metadata(kind: str, obj: Mapping[str, Any], *, namespace_name: bool) -
 def check_object(resource: str, kind: str, obj: Mapping[str, Any]) -> None:
     """check_metadata, then the kind's own rules: a MutatingAdmissionPolicy whose expressions do not compile
     or whose enums are unknown is refused at creation (pkg/apis/admissionregistration/validation; measured on
-    v1.36.2: `compilation failed: ERROR: ...`). Only CEL syntax is checked (cel.py has no type checker)."""
+    v1.36.2: `compilation failed: ERROR: ...`, the compiler's message: cel.py `compile`). Syntax only: the
+    API server's `object` is `dyn`, so a type error on it is accepted there too and fails at admission."""
     check_metadata(kind, obj, namespace_name=resource == "namespaces")
     if resource != "mutatingadmissionpolicies":
         return

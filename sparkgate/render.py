@@ -103,8 +103,8 @@ def render(policy: Policy, install_namespace: str = contract.INSTALL_NAMESPACE) 
         # by the live policy (the webhook's configuration has the same condition: sparkgate/probe.py).
         MATCH_CONDITION["name"]: Expr(MATCH_CONDITION["expression"], 8),
     }
-    variables = _variables(policy)
-    mutations = _mutations(policy)
+    mutations, positions = _mutations(policy)
+    variables = {**_variables(policy), **positions}
     costs = {f"matchConditions[{name}]": c.cost for name, c in conditions.items()}
     costs.update({f"variables[{name}]": v.cost for name, v in variables.items()})
     costs.update({f"mutations[{i}]": m.cost for i, m in enumerate(mutations)})
@@ -136,7 +136,9 @@ def render(policy: Policy, install_namespace: str = contract.INSTALL_NAMESPACE) 
         "variables": [{"name": n, "expression": v.text} for n, v in variables.items()],
         "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": m.text}} for m in mutations],
         "failurePolicy": "Ignore",
-        "reinvocationPolicy": "IfNeeded",
+        # As the webhook's configuration: the API server re-runs its own plugins after the policy changed
+        # the pod, and they need nothing more from it; re-running the policy would double its cost.
+        "reinvocationPolicy": "Never",
     }
     del spec["paramKind"]
     meta = {
@@ -162,19 +164,25 @@ def render(policy: Policy, install_namespace: str = contract.INSTALL_NAMESPACE) 
     return rendered
 
 
-def _mutations(policy: Policy) -> list[Expr]:
+def _mutations(policy: Policy) -> tuple[list[Expr], dict[str, Expr]]:
     """The profiles' branches, a few profiles per mutation so that each expression stays within cel-go's
-    parser limits (EXPRESSION_SIZE_LIMIT code points, nesting depth), then the `none` branch and the gate.
+    parser limits (EXPRESSION_SIZE_LIMIT code points, nesting depth), the `none` branch and the gate in the
+    last one; and the variables the branches read (`_ProfileOps.positions`).
 
     The API server runs a policy's mutations in order, each on the previous one's result, and re-evaluates
     the variables for each: the mutation holding the chosen profile applies it to the pod as received
     (the ones before change nothing), and the ones after it pick the same profile again (the pod now names
-    it in `sparkgate.io/profile`), which none of their branches is. The gate's operations test the pod as
-    they find it and are idempotent, so they can come last on their own."""
+    it in `sparkgate.io/profile`), which none of their branches is. A branch never touches the scheduling
+    gates (a template may not set them), so the gate's operations, computed from the pod as received, still
+    hold after the branch's: a policy of up to PROFILES_PER_MUTATION profiles is one mutation, and the API
+    server converts, patches and defaults the pod once (each mutation is a JSON round trip of the pod)."""
     chunks: list[list[tuple[str, Expr]]] = [[]]
+    positions: dict[str, Expr] = {}
     size = 0
-    for p in policy.profiles:
-        branch = _ProfileOps(p).render()
+    for i, p in enumerate(policy.profiles):
+        ops = _ProfileOps(p, f"p{i}")
+        branch = ops.render()
+        positions.update(ops.positions)
         if len(branch.text) > MAX_BRANCH_CHARACTERS:
             raise RenderError(
                 [
@@ -199,9 +207,7 @@ def _mutations(policy: Policy) -> list[Expr]:
             mutation = when(Expr(f"variables.profile == {quote(name)}", 2), branch, mutation)
         if mutation is not NO_OPS:
             out.append(mutation)
-    # `.map(p, p)`: the identity, for kubesim, whose list concatenation loses the JSONPatch type of the
-    # elements (kubesim/cel.py `_plain` converts a ListType, not the list `+` returns). Harmless in cel-go.
-    return [Expr(f"({m.text}).map(p, p)", m.cost + 2 * 64) for m in [*out, last]]
+    return [*out[:-1], concat([*out[-1:], last])], positions
 
 
 def check_limits(rendered: Rendering) -> list[str]:
@@ -288,7 +294,12 @@ def _variables(policy: Policy) -> dict[str, Expr]:
         )
         matching.append(" && ".join([*([f"({ns.text})"] if ns.text != "true" else []), *labels]) or "true")
         cost += 2 * ns.cost + 3 * len(labels) + 8
-    requested_index = Expr(position("[" + ", ".join(f"({t})" for t in chosen) + "]", "m", "m"), cost)
+    # Most executors name no profile: no list of tests to build for them.
+    requested_index = Expr(
+        'variables.requested == "" ? -1 : '
+        + position("[" + ", ".join(f"({t})" for t in chosen) + "]", "m", "m"),
+        cost + 3,
+    )
     match_index = Expr(position("[" + ", ".join(f"({t})" for t in matching) + "]", "m", "m"), cost)
     none = quote(contract.NO_PROFILE)
     choice = (
@@ -320,10 +331,11 @@ def _variables(policy: Policy) -> dict[str, Expr]:
         "profile": choice,
         "sparkByEnv": Expr(by_env, n_containers * (n_env * 3 + 3) + n_containers),
         "sparkByName": Expr(by_name, n_containers * 3 + n_containers),
+        # A pod of one container (Spark's own, without a template) needs no search: it is that one.
         "spark": Expr(
-            "variables.sparkByEnv >= 0 ? variables.sparkByEnv : variables.sparkByName >= 0 ? "
-            "variables.sparkByName : 0",
-            4,
+            f"size({SPEC}.containers) == 1 ? 0 : variables.sparkByEnv >= 0 ? variables.sparkByEnv : "
+            "variables.sparkByName >= 0 ? variables.sparkByName : 0",
+            8,
         ),
         "tokenVolume": Expr(token, cel.bound("volumes") * 4 + cel.bound("volumes")),
         "tokenName": Expr(f"{SPEC}.volumes[variables.tokenVolume].name", 3),
@@ -398,8 +410,12 @@ class _ProfileOps:
     desired_pod): labels and annotations, the template merge, the derived fields, config maps, the
     scheduler name. The gate is common to every branch."""
 
-    def __init__(self, profile: Profile) -> None:
+    def __init__(self, profile: Profile, prefix: str) -> None:
         self.profile = profile
+        self.prefix = prefix
+        # Variables of the positions the branch reads more than once (an element of a list merged by its
+        # key): computed once per mutation, and only when the branch runs (variables are lazy).
+        self.positions: dict[str, Expr] = {}
         self.overrides = frozenset(profile.overrides)
         self.template = profile.template
         self.tspec: dict[str, Any] = dict(self.template.get("spec") or {})
@@ -490,11 +506,16 @@ class _ProfileOps:
                 found = Expr(f"size({here.ref}) > 0", here.cost + 2)
             else:
                 key_test = f"{has(var, name_of)} && {cel.field(var, name_of)} == {literal(name)}"
-                index = Expr(position(here.ref, var, key_test, last=True), here.cost + n * 6)
+                index = self._position(Expr(position(here.ref, var, key_test, last=True), here.cost + n * 20))
                 found = Expr(f"{index.text} >= 0", index.cost + 1)
             element = here.index(index)
             chunks.append(when(found, self._merge(value, element, (*path, f"[{name}]")), append))
         return concat(chunks)
+
+    def _position(self, index: Expr) -> Expr:
+        name = f"{self.prefix}i{len(self.positions)}"
+        self.positions[name] = index
+        return Expr(f"variables.{name}", 2)
 
     # --- the derived fields (sparkgate/mutation/derived.py) ---
 

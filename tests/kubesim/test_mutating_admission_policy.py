@@ -304,7 +304,7 @@ def test_a_policy_that_does_not_compile_is_refused_at_creation(
 ) -> None:
     """Measured on v1.36.2: a policy whose CEL does not compile is refused when it is created (422,
     `compilation failed: ERROR: <input>:LINE:COLUMN: ...`), as are unknown enum values
-    (pkg/apis/admissionregistration/validation). kubesim checks syntax only, not CEL types."""
+    (pkg/apis/admissionregistration/validation)."""
     broken = policy("broken", json_patch("[JSONPatch{op: 'add', path: "), failurePolicy="Sometimes")
     with pytest.raises(client.ApiException) as e:
         admission.create_mutating_admission_policy(broken)
@@ -315,6 +315,55 @@ def test_a_policy_that_does_not_compile_is_refused_at_creation(
     assert "compilation failed: ERROR: <input>:1:" in message
     assert 'spec.failurePolicy: Unsupported value: "Sometimes"' in message
     assert admission.list_mutating_admission_policy().items == []
+
+
+SYNTAX_ERROR = '[JSONPatch{op: "add", path: "/metadata/labels/x", value: object.metadata.name + }]'
+TYPE_ERROR = '[JSONPatch{op: "add", path: "/metadata/labels/x", value: object.metadata.name + 1}]'
+
+
+def test_a_syntax_error_is_refused_at_creation_with_the_compilers_message(
+    admission: client.AdmissionregistrationV1Api,
+) -> None:
+    """docs/real-cluster-facts.md, "A bad expression in a MutatingAdmissionPolicy (v1.36.2)": `spec.mutations[0]
+    .jsonPatch.expression: Invalid value: "...": compilation failed: ERROR: <input>:1:80: Syntax error:
+    mismatched input '}' expecting {...}`, then the expression and a caret line (k8s.io/apiserver/pkg/
+    admission/plugin/cel/compile.go `CompileCELExpression`: "compilation failed: " + cel-go's issues)."""
+    with pytest.raises(client.ApiException) as e:
+        admission.create_mutating_admission_policy(policy("badsyntax", json_patch(SYNTAX_ERROR)))
+    code, reason, message = refusal(e)
+    assert (code, reason) == (422, "Invalid")
+    column = SYNTAX_ERROR.index("}]") + 1
+    assert message == (
+        'MutatingAdmissionPolicy.admissionregistration.k8s.io "badsyntax" is invalid: '
+        f'spec.mutations[0].jsonPatch.expression: Invalid value: "{SYNTAX_ERROR}": compilation failed: '
+        f"ERROR: <input>:1:{column}: Syntax error: mismatched input '}}' expecting {{'[', '{{', '(', '.', "
+        "'-', '!', 'true', 'false', 'null', NUM_FLOAT, NUM_INT, NUM_UINT, STRING, BYTES, IDENTIFIER}\n"
+        f" | {SYNTAX_ERROR}\n | {'.' * (column - 1)}^"
+    )
+
+
+@pytest.mark.parametrize("failure_policy", ["Fail", "Ignore"])
+def test_a_type_error_is_accepted_at_creation_and_fails_each_admission(
+    core: client.CoreV1Api, install: Any, failure_policy: str
+) -> None:
+    """Measured on v1.36.2 (docs/real-cluster-facts.md, "A bad expression"): `object` is `dyn` to the
+    compiler (compile.go `createEnvForOpts`), so `object.metadata.name + 1` is accepted at creation; each
+    admission fails with cel-go's `no such overload`: under `Fail` the pod is refused with
+    `policy 'badtype' with binding 'badtype' denied request: expression '...' resulted in error: no such
+    overload` (policy/generic/policy_dispatcher.go), under `Ignore` it is created without the mutation."""
+    install(policy("badtype", json_patch(TYPE_ERROR), failurePolicy=failure_policy))
+    if failure_policy == "Ignore":
+        created = core.create_namespaced_pod("spark", executor_pod("e1"))
+        assert "x" not in created.metadata.labels
+        return
+    with pytest.raises(client.ApiException) as e:
+        core.create_namespaced_pod("spark", executor_pod("e1"))
+    assert refusal(e) == (
+        403,
+        "Invalid",
+        f"policy 'badtype' with binding 'badtype' denied request: expression '{TYPE_ERROR}' resulted in "
+        "error: no such overload",
+    )
 
 
 def test_matching_binding_resources_params_and_variables(
@@ -382,7 +431,7 @@ def test_a_variable_that_fails_fails_the_mutation_that_reads_it(core: client.Cor
         core.create_namespaced_pod("spark", executor_pod("e1"))
     assert refusal(e)[2] == (
         f"policy 'vars' with binding 'vars' denied request: expression '{read_broken}' resulted in error: "
-        "composited variable \"broken\" fails to evaluate: no such member in mapping: 'nope'"
+        'composited variable "broken" fails to evaluate: no such key: nope'
     )
     p["spec"]["failurePolicy"] = "Ignore"
     body = {"apiVersion": "v1", "kind": "Pod", **executor_pod("e1")}

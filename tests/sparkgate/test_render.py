@@ -34,7 +34,7 @@ def test_the_example_policy_renders_one_policy_and_its_binding(example_policy: P
     ]
     assert spec["matchConstraints"]["objectSelector"] == {"matchLabels": {"spark-role": "executor"}}
     assert spec["failurePolicy"] == "Ignore"  # never deny an executor pod (docs/architecture.md)
-    assert spec["reinvocationPolicy"] == "IfNeeded"
+    assert spec["reinvocationPolicy"] == "Never"  # as the webhook's: one run per pod
     assert {m["patchType"] for m in spec["mutations"]} == {"JSONPatch"}  # never ApplyConfiguration
     assert "Object." not in spec["mutations"][0]["jsonPatch"]["expression"]  # no typed values
     assert policy["metadata"]["annotations"]["sparkgate.io/policy-digest"] == example_policy.digest
@@ -88,7 +88,7 @@ def test_many_profiles_are_spread_over_mutations_and_stay_within_the_limits() ->
     ]
     rendered = render(load_policy(yaml.safe_dump({**yaml.safe_load(HEAD), "profiles": profiles})))
     mutations = rendered.objects[0]["spec"]["mutations"]
-    assert len(mutations) == 50 // 8 + 1 + 1  # 8 profiles per mutation, then `none` and the gate
+    assert len(mutations) == 50 // 8 + 1  # 8 profiles per mutation, `none` and the gate in the last
     assert check_limits(rendered) == []
 
 
