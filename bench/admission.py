@@ -10,7 +10,11 @@ back; the summary holds the medians and the median of the per-round ratios.
   `Connection: close` (a TLS handshake per request);
 - latency at a fixed offered rate (300/s by default): bench/paced.py, open-loop, with keep-alive and without.
 
-Targets (issue 7): throughput >= 0.85 x the floor; p99 <= 10 ms at 300 admissions/s with keep-alive.
+Then where an admission's CPU goes, stage by stage, in-process (bench/admission_cpu.py): the two WSGI apps
+whole, the parse both pay, and the webhook's own stages (policy match, shaping the pod, the JSON Patch, its
+encoding with the answer's, the metrics).
+
+Targets (issues 7, 38): throughput >= 0.85 x the floor; p99 <= 10 ms at 300 admissions/s with keep-alive.
 
     python -m bench.admission [--rounds 7] [--duration 3] [--paced-duration 5] [--rate 300] [--smoke]
 """
@@ -151,6 +155,21 @@ def check_answers(webhook: LocalWebhook, floor: LocalWebhook, body: bytes) -> di
     return {"webhook_patch_base64_bytes": len(answers["webhook"]["patch"])}
 
 
+def cpu_by_stage(policy: Path, paths: list[Path], cpu: set[int] | None) -> dict[str, float]:
+    """bench/admission_cpu.py in a process of its own, pinned where the servers run."""
+    with tempfile.TemporaryDirectory(prefix="sparkgate-bench-cpu-") as metrics_dir:
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.admission_cpu", str(policy), *map(str, paths)],
+            capture_output=True, text=True, timeout=300, cwd=common.REPO,
+            env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir},
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpu)) if cpu else None,
+        )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"bench.admission_cpu failed: {done.stderr[-2000:]}")
+    figures: dict[str, float] = json.loads(done.stdout)
+    return figures
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed (make tools, or apt-get install wrk)")
@@ -235,6 +254,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             **checks,
         },
         "summary": summarize(measured),
+        "cpu_us_by_stage": cpu_by_stage(args.policy, paths, server_cpus),
         "worker_timeouts": timeouts,
         "targets": {"throughput_ratio_min": THROUGHPUT_RATIO_TARGET, "p99_keepalive_ms_max": P99_TARGET_MS},
         "rounds": measured,
@@ -311,6 +331,7 @@ def _latency(quantile: str) -> Callable[[dict[str, Any]], float]:
 
 def rows(result: dict[str, Any]) -> list[Row]:
     s = result["summary"]
+    stage = result["cpu_us_by_stage"]
     stalls = [
         Row(
             "runs without a single answer / worker timeouts",
@@ -340,6 +361,25 @@ def rows(result: dict[str, Any]) -> list[Row]:
             "server CPU per admission (webhook / floor)",
             f"{sat['webhook_server_cpu_us_per_request']:,.0f} / {sat['floor_server_cpu_us_per_request']:,.0f} us"
             f" (x{sat['cpu_ratio']:.3f})",
+        ),
+        Row(
+            "  in-process: the WSGI app (webhook / floor), beyond it",
+            f"{stage['webhook_app']:,.0f} / {stage['floor_app']:,.0f} us, {stage['webhook_beyond_floor']:,.0f} us",
+        ),
+        Row(
+            "  parse (both) / match / shape / diff / encode / metrics",
+            " / ".join(
+                f"{stage[k]:,.1f}"
+                for k in (
+                    "parse_review",
+                    "policy_match",
+                    "desired_pod",
+                    "patch_diff",
+                    "encode_patch_and_response",
+                    "metrics",
+                )
+            )
+            + " us",
         ),
         Row(
             "throughput, no keep-alive (webhook / floor)",

@@ -9,7 +9,7 @@ failure to Spark (docs/architecture.md).
 
 from __future__ import annotations
 
-import base64
+import binascii
 import json
 import logging
 import time
@@ -57,10 +57,10 @@ def create_app(
             except BadReview as e:
                 return _refuse(endpoint, 400, str(e))
             outcome, response = handle(req)
-            metrics.REQUESTS.labels(endpoint, outcome).inc()
+            metrics.requests(endpoint, outcome).inc()
             return _json(review_response(req["uid"], response))
         finally:
-            metrics.LATENCY.labels(endpoint).observe(clock() - started)
+            metrics.latency(endpoint).observe(clock() - started)
 
     def handle_mutate(req: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         current = policy.current()
@@ -69,15 +69,14 @@ def create_app(
             return "error", {"allowed": True}
         try:
             result = mutate(req, current)
-            # allow_nan=False: NaN and Infinity are no JSON, and the API server would refuse the patch
-            patch = json.dumps(result.ops, allow_nan=False).encode()
+            patch = _PATCH_JSON.encode(result.ops).encode()
         except Exception:
             log.exception("mutating %s failed; admitting it unchanged", _pod_ref(req))
             return "error", {"allowed": True}
         response: dict[str, Any] = {"allowed": True}
         if result.ops:
             response["patchType"] = "JSONPatch"
-            response["patch"] = base64.b64encode(patch).decode()
+            response["patch"] = binascii.b2a_base64(patch, newline=False).decode("ascii")
         return result.outcome.value, response
 
     def handle_validate(req: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -133,12 +132,19 @@ def _read_body() -> bytes:
 
 
 def _refuse(endpoint: str, status: int, message: str) -> Response:
-    metrics.REQUESTS.labels(endpoint, "bad_request").inc()
+    metrics.requests(endpoint, "bad_request").inc()
     return Response(message + "\n", status, mimetype="text/plain")
 
 
+# Made once, not per admission (json.dumps with options builds an encoder at each call); neither keeps
+# state between calls. The patch as json.dumps writes it by default; allow_nan=False: NaN and Infinity are
+# no JSON, and the API server would refuse the patch. check_circular=False: a parsed review has no cycles.
+_PATCH_JSON = json.JSONEncoder(allow_nan=False, check_circular=False)
+_RESPONSE_JSON = json.JSONEncoder(separators=(",", ":"), check_circular=False)
+
+
 def _json(document: dict[str, Any]) -> Response:
-    return Response(json.dumps(document, separators=(",", ":")), mimetype="application/json")
+    return Response(_RESPONSE_JSON.encode(document), mimetype="application/json")
 
 
 def _pod_ref(req: dict[str, Any]) -> str:

@@ -75,6 +75,29 @@ CERT_EXPIRY = Gauge(
 )
 
 
+# The labelled children of the two metrics written at every admission, by their label values: `labels()`
+# takes the metric's lock and builds a key at each call. Written by the request threads of a worker (a race
+# stores the same child twice: prometheus-client hands out one child per label values).
+_REQUESTS: dict[tuple[str, str], Counter] = {}
+_LATENCY: dict[str, Histogram] = {}
+
+
+def requests(endpoint: str, outcome: str) -> Counter:
+    """REQUESTS' child for (endpoint, outcome)."""
+    child = _REQUESTS.get((endpoint, outcome))
+    if child is None:
+        child = _REQUESTS[endpoint, outcome] = REQUESTS.labels(endpoint, outcome)
+    return child
+
+
+def latency(endpoint: str) -> Histogram:
+    """LATENCY's child for the endpoint."""
+    child = _LATENCY.get(endpoint)
+    if child is None:
+        child = _LATENCY[endpoint] = LATENCY.labels(endpoint)
+    return child
+
+
 def on_reload(result: str, error: str | None) -> None:
     """PolicySource's hook, in the worker whose source loaded the file. A refused file leaves the policy in
     force (if any) as it was; a success puts a new one in force (the gauges are set before the count, so a

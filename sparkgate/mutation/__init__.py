@@ -25,7 +25,7 @@ from sparkgate import contract
 from sparkgate.policy import Policy, Profile
 
 from .derived import drop_stale
-from .merge import Path, merge
+from .merge import Path, Template
 from .patch import Operation, diff
 
 DEFAULT_SCHEDULER = "default-scheduler"  # what the API server sets when a pod names no scheduler
@@ -83,36 +83,82 @@ def _is_pod(request: dict[str, Any]) -> bool:
 def desired_pod(pod: dict[str, Any], profile: Profile | None) -> dict[str, Any]:
     """The pod as sparkgate wants it; shares untouched subtrees with `pod`, never mutates it."""
     out = dict(pod)
-    metadata = dict(pod.get("metadata") or {})
-    spec = dict(pod.get("spec") or {})
-    app_id = (metadata.get("labels") or {})[contract.LABEL_APP_ID]
+    pod_metadata = pod.get("metadata") or {}
+    metadata = dict(pod_metadata)
+    pod_spec = pod.get("spec") or {}
+    spec = pod_spec
+    pod_labels = pod_metadata.get("labels") or {}
+    app_id = pod_labels[contract.LABEL_APP_ID]
     name = profile.name if profile is not None else contract.NO_PROFILE
-    labels: dict[str, str] = dict(metadata.get("labels") or {})
-    annotations: dict[str, str] = dict(metadata.get("annotations") or {})
+    labels: dict[str, str] = dict(pod_labels)
+    annotations: dict[str, str] = dict(pod_metadata.get("annotations") or {})
     if profile is not None:
-        overrides = frozenset(profile.overrides)
-        template = profile.template
-        template_meta = template.get("metadata") or {}
-        _fill(labels, template_meta.get("labels"), overrides, ("metadata", "labels"))
-        _fill(annotations, template_meta.get("annotations"), overrides, ("metadata", "annotations"))
+        plan = _plan(profile)
+        _fill(labels, plan.template_labels, plan.overrides, ("metadata", "labels"))
+        _fill(annotations, plan.template_annotations, plan.overrides, ("metadata", "annotations"))
         labels.update(profile.labels)
         annotations.update(profile.annotations)
-        spec = merge(spec, template.get("spec") or {}, overrides, ("spec",))
-        spec = drop_stale(pod.get("spec") or {}, spec)
-        spec = _mount_config_maps(spec, app_id, profile)
+        spec = plan.spec.merge(pod_spec)
+        spec = drop_stale(pod_spec, spec)
+        spec = _mount_config_maps(spec, app_id, plan)
         spec = _scheduler_name(spec, profile)
     for key in contract.SPARK_LABELS:
-        if key in (pod.get("metadata") or {}).get("labels", {}):
-            labels[key] = pod["metadata"]["labels"][key]
+        if key in pod_metadata.get("labels", {}):
+            labels[key] = pod_labels[key]
     annotations[contract.ANNOTATION_PROFILE] = name
     metadata["labels"] = labels
     metadata["annotations"] = annotations
-    gates = list(spec.get("schedulingGates") or [])
+    gates = spec.get("schedulingGates") or []
     if not any(g.get("name") == contract.GATE for g in gates if isinstance(g, dict)):
         spec = {**spec, "schedulingGates": [*gates, {"name": contract.GATE}]}
     out["metadata"] = metadata
     out["spec"] = spec
     return out
+
+
+class _Plan:
+    """What a profile's mutation needs that depends on the profile alone, computed once per profile."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.overrides = frozenset(profile.overrides)
+        template = profile.template
+        template_meta = template.get("metadata") or {}
+        self.template_labels: dict[str, str] = template_meta.get("labels") or {}
+        self.template_annotations: dict[str, str] = template_meta.get("annotations") or {}
+        self.spec = Template(template.get("spec") or {}, self.overrides, ("spec",))
+        # (source, volume name, mount path) of each config map
+        self.config_maps = tuple(
+            (cm.source, contract.configmap_volume_name(cm.source), cm.mount_path)
+            for cm in profile.config_maps
+        )
+        self._copies: dict[str, tuple[str, ...]] = {}  # app id -> its copies' names, in config_maps' order
+
+    def copies(self, app_id: str) -> tuple[str, ...]:
+        names = self._copies.get(app_id)
+        if names is None:
+            if len(self._copies) > 10_000:  # apps come and go: a bounded memo
+                self._copies.clear()
+            names = self._copies[app_id] = tuple(
+                contract.app_configmap_name(app_id, source) for source, _, _ in self.config_maps
+            )
+        return names
+
+
+# Each profile's plan, by the profile object's id; the profile is kept with its plan, so an id is not
+# reused while its entry lives. A policy reload brings new profiles: the memo is bounded, not pruned. The
+# webhook's request threads share it (a race computes a plan twice, equal; dict operations are atomic).
+_PLANS: dict[int, tuple[Profile, _Plan]] = {}
+
+
+def _plan(profile: Profile) -> _Plan:
+    entry = _PLANS.get(id(profile))
+    if entry is not None and entry[0] is profile:
+        return entry[1]
+    if len(_PLANS) > 1_000:
+        _PLANS.clear()
+    plan = _Plan(profile)
+    _PLANS[id(profile)] = (profile, plan)
+    return plan
 
 
 def _fill(
@@ -123,24 +169,22 @@ def _fill(
             target[key] = value
 
 
-def _mount_config_maps(spec: dict[str, Any], app_id: str, profile: Profile) -> dict[str, Any]:
-    if not profile.config_maps:
+def _mount_config_maps(spec: dict[str, Any], app_id: str, plan: _Plan) -> dict[str, Any]:
+    if not plan.config_maps:
         return spec
-    volumes = list(spec.get("volumes") or [])
-    containers = list(spec.get("containers") or [])
+    containers = spec.get("containers") or []
     if not containers:
         return spec
+    volumes = list(spec.get("volumes") or [])
+    containers = list(containers)
     index = contract.spark_container_index(containers)
     container = dict(containers[index])
     mounts = list(container.get("volumeMounts") or [])
-    for cm in profile.config_maps:
-        volume = contract.configmap_volume_name(cm.source)
+    for (_, volume, mount_path), copy in zip(plan.config_maps, plan.copies(app_id), strict=True):
         if not any(v.get("name") == volume for v in volumes):
-            volumes.append(
-                {"name": volume, "configMap": {"name": contract.app_configmap_name(app_id, cm.source)}}
-            )
-        if not any(m.get("mountPath") == cm.mount_path for m in mounts):
-            mounts.append({"name": volume, "mountPath": cm.mount_path, "readOnly": True})
+            volumes.append({"name": volume, "configMap": {"name": copy}})
+        if not any(m.get("mountPath") == mount_path for m in mounts):
+            mounts.append({"name": volume, "mountPath": mount_path, "readOnly": True})
     container["volumeMounts"] = mounts
     containers[index] = container
     return {**spec, "volumes": volumes, "containers": containers}

@@ -40,7 +40,13 @@ class Rule:
 
 
 def _changed(*fields: str) -> Callable[[Spec, Spec], bool]:
-    return lambda before, after: any(before.get(f) != after.get(f) for f in fields)
+    def changed(before: Spec, after: Spec) -> bool:
+        for f in fields:  # noqa: SIM110 (a loop, not any() over a generator: asked for every pod shaped)
+            if before.get(f) != after.get(f):
+                return True
+        return False
+
+    return changed
 
 
 def _without(*fields: str) -> Callable[[Spec], Spec]:
@@ -110,7 +116,7 @@ def _toleration_covered_anew(key: str) -> Callable[[Spec, Spec], bool]:
 
     def stale(before: Spec, after: Spec) -> bool:
         had = before.get("tolerations") or ()
-        if default not in had:
+        if after.get("tolerations") is had or default not in had:  # the same list: nothing new covers it
             return False
         shared = {id(t) for t in had}
         return any(
