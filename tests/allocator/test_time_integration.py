@@ -172,4 +172,5 @@ def test_a_client_mode_app_held_by_its_namespace_cap_for_ten_minutes_is_not_ende
     for i in range(1, 5):  # app-a's executors go: room for one batch
         t.cluster.store.delete("pods", "spark", f"app-a-exec-{i}", grace_period_seconds=0)
     t.cluster.wait_for(lambda: len(t.released) == 8, timeout=30, what="a batch for the first notebook")
-    assert t.names("app-b") == [f"app-b-exec-{i}" for i in range(1, 5)] and t.names("app-c") == []
+    # The batch's gate removals go out side by side (the actor's writers): in any order.
+    assert sorted(t.names("app-b")) == [f"app-b-exec-{i}" for i in range(1, 5)] and t.names("app-c") == []
