@@ -10,7 +10,13 @@ released in executor-id order, only when the app's previous batch is bound to no
 `batchDelaySeconds` has passed since its last release; a batch cut short is topped up within its delay.
 Budgets are never negative: pods that came through without sparkgate count toward them and can only make
 them zero. An app that just got a batch goes to the back of the line, so when a namespace or the cluster
-budget binds, apps take turns.
+budget binds, apps take turns. An app with released pods the scheduler refused releases within the
+refused-pod bound (pacing.py `refused_room`), whichever its pacing, so that apps whose executors cannot be
+scheduled do not take the budgets from those whose executors can.
+
+Time: `now` is on the monotonic clock (model.py `Now`), so no wall-clock step moves a batch delay, a Waiting
+Event, a bound or an app's place in line; the only wall time is in `rebuilt_memory`, where the API's
+timestamps are read.
 
 Settled details:
 - "in flight" = released, not being deleted, phase Pending (PodRecord.in_flight);
@@ -18,7 +24,8 @@ Settled details:
   has a node (a pod whose release failed is gated again, not waiting for the scheduler);
 - settings come from the profile named on the app's pods and the annotations of its lowest-id pod;
 - a gated pod whose executor id was deleted before is deleted (id reuse refused), never released;
-- an app that is over (allocator/registry.py) has its gated pods and config maps deleted;
+- an app that is over (allocator/registry.py) has its gated pods, its released pods the scheduler refused
+  (they would hold their slots for good) and its config maps deleted;
 - the copies an app needs are the ones its gated and in-flight pods mount (chosen at admission, whatever the
   policy says now: a policy edit in the middle of an app changes nothing for its pods); each is made from
   the source of that copy name in the sparkgate namespace, and a source that does not exist holds the app (a
@@ -26,8 +33,9 @@ Settled details:
   in the same decision (the actor carries actions out in order and drops an app's releases when one of its
   creations fails);
 - an app the allocator has no memory of (a new app, or every app after a restart or a fail-over) takes as
-  its last batch its pods released by sparkgate and not bound yet (`rebuilt_memory`, applied by the loop): a
-  new leader waits for them as the old one would have.
+  its last batch its pods released by sparkgate and not bound yet, and its place in line from its pods'
+  creation (`rebuilt_memory`, applied by the loop): a new leader waits for them, and orders the apps, as
+  the old one would have.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ from .model import (
     DeletePod,
     DeletionReason,
     Event,
+    Now,
     PodRecord,
     Release,
     Snapshot,
@@ -64,18 +73,33 @@ WAITING_EVENT_REPEAT_SECONDS = 60.0  # ... and again at most this often while it
 # loop's `_wake`), when its Waiting Event is due, and at the latest after this long (the loop's tick leaves
 # it out: a safety net, not the way it is woken).
 HELD_RECHECK_SECONDS = 10.0
+# What sparkgate itself holds an app's gated pods for (`AppSettings.waiting_on`): the budgets it shares with
+# other apps, its pacing, a source ConfigMap of the admin's. While one of them holds it, a client-mode app
+# is not judged dead (registry.py): a notebook waiting for its turn shows no sign of life of its own. Not
+# `app` (its own pods in flight fill its limit: they are its sign of life while they live) and not
+# `unschedulable` (the scheduler refuses its pods: the app's own doing, and they are no sign of life once
+# refused for the bound).
+HOLDS = frozenset({"namespace", "cluster", "previous-batch", "delay", "window", "source"})
 
 
 @dataclass(frozen=True)
 class AppSettings:
-    """What was in force for an app at the last decision (for /apps and metrics; the profile is the app
-    view's, known to every replica)."""
+    """What was in force for an app at the last decision (for /apps, metrics and the registry; the profile
+    is the app view's, known to every replica)."""
 
     allocation: Allocation
     waiting_for: str | None  # why gated pods still wait, None when nothing waits
     missing_source: str | None = None  # the source ConfigMap (or, when no source matches, the copy) held for
-    # What holds the gated pods: app, namespace, cluster (a limit), previous-batch, delay, window, source.
+    # What holds the gated pods: app, namespace, cluster (a limit), previous-batch, delay, window, source,
+    # unschedulable (the refused-pod bound).
     waiting_on: str | None = None
+    unschedulable: int = 0  # its released pods the scheduler refused, in flight
+    overdue: int = 0  # of those, refused unschedulableSeconds or longer ago (no sign of life: registry.py)
+
+    @property
+    def holds(self) -> bool:
+        """sparkgate holds the app's gated pods (HOLDS): its client-mode grace does not run."""
+        return self.waiting_on in HOLDS
 
 
 @dataclass(frozen=True)
@@ -184,22 +208,41 @@ def decide(
     return Decision(tuple(actions), new_memory, settings, hits, due, errors)
 
 
-def rebuilt_memory(app: AppView) -> AppMemory:
+def rebuilt_memory(
+    app: AppView, now: Now, *, place: float | None = None, seen: float | None = None
+) -> AppMemory:
     """What the allocator knows of an app it has no memory of, from the cluster: its last batch is its pods
-    that sparkgate released (they carry its profile) and that are not bound yet."""
+    that sparkgate released (they carry its profile) and that are not bound yet; its place in line, when it
+    has gated pods, is `place` (the one it had when it ended, kept: registry.py) or else rebuilt from its
+    pods: when its oldest gated pod was created, or its newest released pod if later (a lower bound of its
+    last release, after which the old leader put it at the back of the line), on the monotonic clock
+    (`Now.since`: the age by this host's wall clock, the one comparison of wall time with the API's). An
+    app this replica saw appear (`seen`, monotonic) is placed no earlier than that: its pods' age would be
+    this host's clock error alone (skew with the API server, a step), not a wait."""
+    waiting_since = None
+    gated = [p.created for p in app.pods if p.gated and not p.deleting]
+    if gated and place is not None:
+        waiting_since = place
+    elif gated:
+        released = max((p.created for p in app.pods if not p.gated and p.profile is not None), default=0.0)
+        waiting_since = now.since(max(min(gated), released))
+        if seen is not None:
+            waiting_since = min(now.monotonic, max(waiting_since, seen))
     return AppMemory(
         last_batch=frozenset(
             p.name for p in app.pods if p.in_flight and p.node is None and p.profile is not None
-        )
+        ),
+        waiting_since=waiting_since,
     )
 
 
 def _finish(app: AppView, mem: AppMemory) -> list[Action]:
-    """An app that is over: its gated pods and its config-map copies are deleted."""
+    """An app that is over: its gated pods, its released pods the scheduler refused (in flight, they would
+    hold their slots of the budgets for as long as they stay) and its config-map copies are deleted."""
     out: list[Action] = [
         DeletePod(app.key, pod, DeletionReason.APP_FINISHED)
         for pod in sorted(app.pods, key=executor_order)
-        if pod.gated and not pod.deleting
+        if (pod.gated or pacing.refused(pod)) and not pod.deleting
     ]
     out.extend(DeleteConfigMap(app.key, name) for name in sorted(app.config_maps))
     mem.finished, mem.waiting_since = True, None
@@ -273,10 +316,17 @@ def _decide_app(
     copies, missing = _copies(key, app, needing, profile, snapshot.sources)
     owner = app.driver if app.driver is not None and not app.driver.finished else None
     out.extend(CreateConfigMap(key, source, name, owner) for name, source in sorted(copies.items()))
+    if app.counts.refused:
+        mem.refused = pacing.refusals(mem.refused, app.pods, now)
+    elif mem.refused:
+        mem.refused = {}
+    if mem.refused and (bound := pacing.overdue_at(mem.refused, allocation, now)) is not None:
+        due[key] = bound  # the hold then, and the registry's sign of life
     waiting, released = _release(key, app, gated, missing, allocation, policy, mem, now, budgets, hits)
     out.extend(released)
     if waiting is not None and waiting[0] == "delay" and mem.last_release_at is not None:
-        due[key] = mem.last_release_at + allocation.batch_delay_seconds
+        end = mem.last_release_at + allocation.batch_delay_seconds
+        due[key] = min(end, due.get(key, end))
     if (
         mem.pacing is not None
         and (check := pacing.next_check(mem.pacing, allocation, app.pods, now)) is not None
@@ -315,7 +365,12 @@ def _decide_app(
         )
         due[key] = min(recheck, due.get(key, recheck))
     return out, AppSettings(
-        allocation, held[1] if held else None, missing if held else None, held[0] if held else None
+        allocation,
+        held[1] if held else None,
+        missing if held else None,
+        held[0] if held else None,
+        len(mem.refused),
+        pacing.overdue(mem.refused, allocation, now) if mem.refused else 0,
     )
 
 
@@ -378,6 +433,11 @@ def _release(
         mem.waiting_since = now
     if missing is not None:
         return ("source", f"source ConfigMap {missing} is missing in the sparkgate namespace"), []
+    # The refused-pod bound (pacing.py): once a refusal is overdue it holds the app, whatever else would
+    # (said so: the client grace runs then, registry.py); otherwise it bounds the batch the pacing allows.
+    room = pacing.refused_room(mem.refused, app.pods, allocation, now)
+    if room == 0 and pacing.overdue(mem.refused, allocation, now):
+        return _refused_hold(key, mem.refused, app.pods, allocation, now), []
     by_name = {p.name: p for p in app.pods}
     # Pacing (allocator/pacing.py): while the window grows, it stands in for the fixed rule (previous batch
     # bound, batch delay); after a fall back the fixed rule holds, a pod called unschedulable no longer waiting.
@@ -412,6 +472,10 @@ def _release(
                 ), []
         if size <= 0:
             return ("delay", f"app {key}: batch delay of {allocation.batch_delay_seconds:g}s"), []
+    if room is not None and room < size:
+        if room == 0:
+            return _refused_hold(key, mem.refused, app.pods, allocation, now), []
+        size = room
     in_flight = app.counts.in_flight
     in_namespace, total = budgets.namespace(key.namespace), budgets.cluster()
     rooms = {
@@ -444,6 +508,23 @@ def _release(
     mem.pacing = pacing.released(pace, names, now)
     mem.waiting_since = now if len(gated) > n else None
     return ((binding[0], rooms[binding[0]][1]) if binding and len(gated) > n else None), actions
+
+
+def _refused_hold(
+    key: AppKey, refused: Mapping[str, float], pods: tuple[PodRecord, ...], allocation: Allocation, now: float
+) -> tuple[str, str]:
+    """Why an app is held back by the refused-pod bound (pacing.py `refused_room`)."""
+    if pacing.overdue(refused, allocation, now):
+        return "unschedulable", (
+            f"app {key}: {len(refused)} released pods unschedulable, the first for unschedulableSeconds "
+            f"({allocation.unschedulable_seconds:g}s) or more: held back until they are bound or gone"
+        )
+    unanswered = sum(map(pacing.unanswered, pods))
+    waiting = f" and {unanswered} not yet answered" if unanswered else ""
+    return "unschedulable", (
+        f"app {key}: {len(refused)} released pods unschedulable{waiting} (at most batchSize "
+        f"{allocation.batch_size} unplaced): held back until fewer are"
+    )
 
 
 def _annotations(pods: list[PodRecord]) -> dict[str, str]:

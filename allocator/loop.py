@@ -35,6 +35,12 @@ Threading model (the parts are assembled in allocator/commands.py):
 Every lock is a leaf: no code holds one lock while taking another or calling out, so there is no lock
 order to respect (Cache._lock included), but HistoryStore's `_flushing`: only flushes take it, always
 first, and hold it through their writes.
+
+Clocks (model.py `Now`): `monotonic` for every duration the loop measures (decisions, their `due` times, the
+tick, the registry's grace, the namespaces' series); `clock`, the wall clock, only for what meets the API's
+timestamps or is shown to users: when a pod went and when an app ended (the deletion histories), the
+conversion of pods' creationTimestamps in a rebuilt memory, /apps' times. A step of the wall clock (NTP, a
+VM resumed) moves no decision.
 """
 
 from __future__ import annotations
@@ -63,7 +69,7 @@ from .deletions import EXECUTOR_IDS, HistoryStore, classify
 from .expectations import BindTimes, Expectations
 from .health import Health
 from .metrics import AllocatorMetrics
-from .model import Action, AppMemory, AppView, DeletePod, PodRecord, Release, Snapshot
+from .model import Action, AppMemory, AppView, DeletePod, Now, PodRecord, Release, Snapshot
 from .registry import AppRegistry
 from .status import AppsCollector, Status, app_document, apps_document
 from .workqueue import WorkQueue
@@ -135,8 +141,8 @@ class Controller:
         self.health = health
         self.options = options
         self.stop_event = stop
-        self.clock = clock
-        self.monotonic = monotonic
+        self.clock = clock  # wall: only against the API's timestamps and for users (module docstring)
+        self.monotonic = monotonic  # every duration
         self.lost_lease = threading.Event()
         self._gone_lock = threading.Lock()
         self._gone: list[tuple[PodRecord, bool, float]] = []
@@ -355,7 +361,7 @@ class Controller:
         live = {key for key in observed.apps if key not in self.ended}
         self.queue.forget(set(observed.apps))
         # Ended apps' namespaces too: their pods are still counted (deletions, removals) until they go.
-        self.metrics.forget_namespaces({key.namespace for key in observed.apps}, self.clock())
+        self.metrics.forget_namespaces({key.namespace for key in observed.apps}, self.monotonic())
         for key in self._held.keys() - live:
             self._hold(key, None)
         if len(self.memory) > len(live) or len(self.settings) > len(live):
@@ -376,10 +382,15 @@ class Controller:
             self._record_gone(gone, observed)
         return observed
 
+    def now(self) -> Now:
+        """One reading of both clocks."""
+        return Now(self.monotonic(), self.clock())
+
     def _observe(self, observed: Snapshot, keys: set[AppKey] | None) -> None:
-        """The registry's look at `keys` (None: every app); the apps it says are over are ended."""
-        now = self.clock()
-        for key in self.registry.observe(observed, now, keys):
+        """The registry's look at `keys` (None: every app), with the last decisions' settings (what holds
+        each app); the apps it says are over are ended."""
+        now = self.now()
+        for key in self.registry.observe(observed, now, keys, self.settings):
             view = observed.apps.get(key)
             self.end(key, now, client=view is None or not view.driver_seen)
         revived = self.registry.take_revived()
@@ -387,23 +398,26 @@ class Controller:
             for key in revived:
                 self.histories.unfinished_again(key)
             if keys is None:
-                self._finish_histories(observed, now)  # the tick's look at every app
+                self._finish_histories(observed, now.wall)  # the tick's look at every app
         if self._ended_version != self.registry.version:
             self.ended, self._ended_version = dict(self.registry.ended), self.registry.version
 
-    def end(self, key: AppKey, at: float, *, client: bool) -> None:
+    def end(self, key: AppKey, now: Now, *, client: bool) -> None:
         """The end of an app's life (registry.py says when): everything sparkgate keeps of it goes. Its
-        memory, settings and per-app metric series now; its gated pods and config-map copies by its next
+        memory, settings and per-app metric series now (a client-mode app's place in line is kept a while by
+        the registry, in case it lives again); its gated pods, refused pods and config-map copies by its next
         decisions (the leader's, queued here; `decide` is told the app is over); its history is finished and
         expires after the retention; its queue and backoff entries and its cache view when the cluster holds
         nothing of it any more. Loop thread."""
         log.info("application %s is over (%s mode)", key, "client" if client else "cluster")
         self.metrics.apps_ended.labels("client" if client else "cluster").inc()
         if self.elector.leading:
-            self.histories.finished(key, at)
+            self.histories.finished(key, now.wall)
         with self._published:
-            self.memory.pop(key, None)
+            memory = self.memory.pop(key, None)
             self.settings.pop(key, None)
+        if client and memory is not None:
+            self.registry.keep_place(key, memory.waiting_since, now.monotonic)
         self._hold(key, None)
         self.queue.add({key})
 
@@ -432,7 +446,7 @@ class Controller:
         rebuilt from the cluster; nothing is done or remembered but when to look again (`due`) and the lines
         of the apps a shared budget holds, which the tick leaves out as the leader's does: deciding every
         held app at each tick cost a follower of a 100,000-pod cluster ~5,000 decisions a second."""
-        now = self.clock()
+        now = self.monotonic()
         ended = self.registry.ended  # keys - ended.keys() would walk every ended app: per app decided only
         decision = decide(snapshot, policy, now, {}, {k for k in keys if k not in ended})
         with self._published:
@@ -446,10 +460,13 @@ class Controller:
 
     def _decide(self, keys: set[AppKey], policy: Any, snapshot: Snapshot) -> None:
         started = time.perf_counter()
-        decided_at = self.clock()
+        now = self.now()
+        decided_at = now.monotonic
         memory = self.memory
         # Not `keys - memory.keys()`: a set minus a dict's keys walks every key of the dict (130 µs at 5,000 apps).
-        fresh = {k: rebuilt_memory(snapshot.apps[k]) for k in keys if k not in memory and k in snapshot.apps}
+        fresh = {
+            k: self._rebuilt(snapshot.apps[k], now) for k in keys if k not in memory and k in snapshot.apps
+        }
         decision = decide(
             snapshot,
             policy,
@@ -481,6 +498,14 @@ class Controller:
                 self.queue.done(key)
             return
         self._dispatch(decision.actions)
+
+    def _rebuilt(self, view: AppView, now: Now) -> AppMemory:
+        """The memory of an app the leader has none of (decision.py `rebuilt_memory`): a new app, every app
+        after a fail-over, an ended app decided again (to delete its pods) or one that lives again, which
+        takes back its kept place in line."""
+        registry = self.registry
+        place = None if view.key in registry.ended else registry.place(view.key)
+        return rebuilt_memory(view, now, place=place, seen=registry.seen(view.key))
 
     def _dispatch(self, actions: tuple[Action, ...]) -> None:
         """Hand the actions to the actor and go on: an app whose slot was just freed is decided and
@@ -560,6 +585,7 @@ class Controller:
             status.limits,
             status.backoff,
             status.excluded,
+            now=self.now(),
         )
         document["leader"] = self.elector.leading
         document["identity"] = self.options.identity
@@ -573,10 +599,16 @@ class Controller:
             if history is None:
                 return None
             return app_document(
-                AppView(key, (), None, True, frozenset()), None, AppMemory(finished=True), history
+                AppView(key, (), None, True, frozenset()),
+                None,
+                AppMemory(finished=True),
+                history,
+                now=self.now(),
             )
         with self._published:
             settings, memory = self.settings.get(key), self.memory.get(key)
         policy = self.policy.current()
         excluded = policy is not None and policy.is_excluded(namespace)
-        return app_document(view, settings, memory, history, self.queue.failures().get(key), excluded)
+        return app_document(
+            view, settings, memory, history, self.queue.failures().get(key), excluded, now=self.now()
+        )

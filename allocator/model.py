@@ -3,6 +3,11 @@
 The cache turns watch events into these small frozen records; the pure decision function reads a
 `Snapshot` plus the allocator's `Memory` and returns `Action`s; the actor carries them out. Keeping the
 records compact (no whole pod objects) is what lets one allocator track tens of thousands of pods.
+
+Two clocks (`Now`): every duration the allocator measures (batch delay, slow bind, the refused-pod bound,
+Waiting Events, the client grace, what is kept of ended apps) is on the monotonic clock, which no NTP step or
+VM resume moves; the wall clock only where a time meets the API's timestamps (a pod's creationTimestamp, a
+container's finishedAt, the deletion histories, what /apps shows users).
 """
 
 from __future__ import annotations
@@ -17,6 +22,24 @@ import msgspec
 from sparkgate.contract import NO_PROFILE, AppKey
 
 from .pacing import Window
+
+
+@dataclass(frozen=True, slots=True)
+class Now:
+    """One reading of both clocks (seconds): `monotonic` for every duration, `wall` (unix seconds) only to
+    meet the API's timestamps, which come from the API server's clock."""
+
+    monotonic: float
+    wall: float
+
+    def since(self, timestamp: float) -> float:
+        """An API timestamp (unix seconds) as a time on the monotonic clock: now minus its age. An age is
+        never negative: a timestamp ahead of this host's clock (skew with the API server) counts as now."""
+        return self.monotonic - max(0.0, self.wall - timestamp)
+
+    def wall_of(self, at: float) -> float:
+        """A time on the monotonic clock as unix seconds, for people (/apps): now minus its age."""
+        return self.wall - (self.monotonic - at)
 
 
 class PodRecord(msgspec.Struct, frozen=True, gc=False):
@@ -93,7 +116,8 @@ class DriverRecord:
 class Counts:
     """An app's executor pods by state, the one definition every reader uses (the decision's budgets, the
     registry's signs of life, /apps, the metrics): each pod is in exactly one of gated, in_flight, running
-    and other (being deleted, or terminated); bypassed and failed count across them."""
+    and other (being deleted, or terminated); bypassed, failed and refused count across them (refused: in
+    flight, unbound, and the scheduler said it cannot place it: pacing.py `refused`)."""
 
     gated: int = 0
     in_flight: int = 0
@@ -101,13 +125,14 @@ class Counts:
     other: int = 0
     bypassed: int = 0
     failed: int = 0
+    refused: int = 0
 
     @staticmethod
     def of(pods: tuple[PodRecord, ...]) -> Counts:
         # PodRecord's `in_flight` and `bypassed` spelled out per branch (each view is counted once per change
         # of its app, a fifth of the loop's time at 10,000 pods with the properties called per pod; the
         # test compares this with the properties for every combination of the fields they read).
-        gated = in_flight = running = other = bypassed = failed = 0
+        gated = in_flight = running = other = bypassed = failed = refused = 0
         for pod in pods:
             phase = pod.phase
             if pod.deleting:
@@ -117,13 +142,14 @@ class Counts:
             elif phase == "Pending":
                 in_flight += 1
                 bypassed += pod.profile is None
+                refused += pod.unschedulable and pod.node is None
             elif phase == "Running":
                 running += 1
                 bypassed += pod.profile is None
             else:
                 other += 1
             failed += phase == "Failed"
-        return Counts(gated, in_flight, running, other, bypassed, failed)
+        return Counts(gated, in_flight, running, other, bypassed, failed, refused)
 
     @property
     def alive(self) -> bool:
@@ -225,15 +251,21 @@ class DeletionRecord:
 
 @dataclass
 class AppMemory:
-    """What the allocator remembers about an app between decisions (rebuilt on restart). Every field is
-    immutable (a decision changes a shallow copy: decision.py `_copy_memory`)."""
+    """What the allocator remembers about an app between decisions (rebuilt on restart: decision.py
+    `rebuilt_memory`). Every field is immutable (a decision changes a shallow copy: decision.py
+    `_copy_memory`; the mappings are replaced whole, never changed in place). Times are on the monotonic
+    clock (`Now`)."""
 
-    last_release_at: float | None = None  # clock time of the last release
+    last_release_at: float | None = None  # when it last released pods
     last_batch: frozenset[str] = frozenset()  # pod names of the last batch released (rebuilt: decision.py)
-    waiting_since: float | None = None  # when the app last started waiting for room (for fairness)
+    # When the app last started waiting for room: its place in the line `decide` sorts by (oldest first).
+    waiting_since: float | None = None
     waiting_said_at: float | None = None  # when its Waiting Event was last reported (decision.py)
     finished: bool = False
     pacing: Window | None = None  # the app's release window (allocator/pacing.py); None until first decided
+    # Its released pods the scheduler refused, in flight, each with when it was first seen refused
+    # (pacing.py `refusals`): what the refused-pod bound (unschedulableSeconds) is measured from.
+    refused: Mapping[str, float] = field(default_factory=dict)
 
 
 # --- actions -------------------------------------------------------------------------------------

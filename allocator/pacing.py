@@ -16,7 +16,8 @@ verdict as the signal, as TCP uses acknowledgements:
   the window is `batchSize` and the fixed rule applies to the app again (batch size, batch delay, previous
   batch bound), except that a pod the scheduler called unschedulable has had its answer: it no longer holds
   the app's next batch, so the app takes its turn at the namespace and cluster budgets when they free up
-  (under `fixed`, one unschedulable pod held its app for good: docs/real-cluster-facts.md);
+  (under `fixed`, one unschedulable pod held its app for good: docs/real-cluster-facts.md), within the
+  refused-pod bound;
 - idle: a growing window that released nothing for `slowBindSeconds` and has nothing outstanding starts
   slow again at the app's next release (its evidence of room is stale), as TCP does after an idle period;
 - recover: once no pod of the app is unschedulable any more and none waits for the scheduler's answer (the
@@ -24,17 +25,30 @@ verdict as the signal, as TCP uses acknowledgements:
   again from `batchSize`. (Waiting for a fixed-rule round first cost a batch delay at each refill of a full
   cluster: when an app ended, the others' pods beyond the cap were released `batchSize` per delay.)
 
+The refused-pod bound, in both modes (`refused_room`): a refused pod stays in flight, holding a slot of its
+namespace's and the cluster's budgets, until it is bound or goes; so while an app has refused pods in flight it
+releases only as many as keep its unplaced pods (refused, or released and unanswered) within one batch, and
+nothing at all once its oldest refusal is `unschedulableSeconds` old, until a refused pod is bound or goes (a
+hold said as the app's waiting reason, `unschedulable`). An app whose executors can never be scheduled holds
+`batchSize` slots at most, instead of `maxPendingPerApp` (adaptive released until then: with a namespace
+budget of 60 and 20 per app, three such apps blocked the namespace). Kueue's `waitForPodsReady` bounds in time
+how long a workload's unready pods hold quota the same way; Kueue then evicts the workload, sparkgate only
+holds the app back: a refused pod may be waiting for a node the cluster autoscaler is adding. A pod refused for
+the bound is no sign of life for a client-mode app either (registry.py): a killed notebook's executors that
+stay Pending do not keep it, and its slots, for good.
+
 The namespace and cluster limits on pods in flight, and `maxPendingPerApp`, hold in both modes (decision.py
 applies them after the window), so unschedulable pods never exceed the caps. There is no capacity model:
 only the scheduler's answers.
 
-State: one `Window` per app, in the app's memory (model.AppMemory.pacing), owned by the loop thread like the
-rest of the memory (a decision works on a copy; windows are immutable and replaced whole). It is not
-persisted: after a restart or a fail-over (or a switch from `fixed`) the app starts slow again, and the pods
+State: one `Window` per app and the times its refused pods were first seen refused, in the app's memory
+(model.AppMemory.pacing and .refused), owned by the loop thread like the rest of the memory (a decision works
+on a copy; both are immutable and replaced whole), ended with the app. Neither is persisted (a new leader
+gives each refused pod a whole bound again, from when it first sees it): after a restart or a fail-over (or a switch from `fixed`) the app starts slow again, and the pods
 sparkgate released that still wait for the scheduler join the new window's round as first seen (`observe`),
 so they count against it, fall it back if never answered, and hold the fixed rule's batch after a fall back
 (decision.py folds every round's unanswered pods into the batch the fixed rule waits for). Pure: the clock is
-the decision's `now`.
+the decision's `now`, on the monotonic clock.
 """
 
 from __future__ import annotations
@@ -178,6 +192,42 @@ def released(window: Window, names: Collection[str], now: float) -> Window:
         window.waiting + len(names),
         now,
     )
+
+
+def refusals(known: Mapping[str, float], pods: Iterable[PodRecord], now: float) -> dict[str, float]:
+    """The app's released pods the scheduler refused (`refused`), each with when it was first seen so: its
+    time in `known`, now for one refused since (or before this allocator looked: a new leader gives it a
+    whole bound, as it gives a pod waiting for the scheduler a whole slowBindSeconds). One bound or gone
+    leaves. (The real kube-scheduler keeps the PodScheduled condition's lastTransitionTime from the pod's
+    creation through the gate and the refusal, pkg/api/v1/pod/util.go `UpdatePodCondition`: status False
+    throughout; so the pod does not say when it was refused.)"""
+    return {p.name: known.get(p.name, now) for p in pods if refused(p)}
+
+
+def overdue(refused_at: Mapping[str, float], allocation: Allocation, now: float) -> int:
+    """How many of the refused pods (`refusals`) were refused `unschedulableSeconds` or longer ago: they hold
+    their app back, and are no sign of life (registry.py)."""
+    bound = allocation.unschedulable_seconds
+    return sum(1 for at in refused_at.values() if now - at >= bound)
+
+
+def overdue_at(refused_at: Mapping[str, float], allocation: Allocation, now: float) -> float | None:
+    """When the next refused pod not yet overdue will be (None: none): the app is decided again then."""
+    bound = allocation.unschedulable_seconds
+    return min((at + bound for at in refused_at.values() if at + bound > now), default=None)
+
+
+def refused_room(
+    refused_at: Mapping[str, float], pods: Iterable[PodRecord], allocation: Allocation, now: float
+) -> int | None:
+    """The refused-pod bound (module docstring): how many more pods an app with refused pods in flight may
+    release; None when it has none (no bound). None more once a refusal is overdue; else as many as keep its
+    unplaced pods, refused or unanswered, within one batch."""
+    if not refused_at:
+        return None
+    if overdue(refused_at, allocation, now):
+        return 0
+    return max(0, allocation.batch_size - len(refused_at) - sum(map(unanswered, pods)))
 
 
 def next_check(window: Window, allocation: Allocation, pods: Iterable[PodRecord], now: float) -> float | None:

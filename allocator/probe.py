@@ -6,6 +6,11 @@ profile matches) when the policy in force changes and every `interval` seconds, 
 server admits also changes without the policy changing: a PriorityClass deleted, a namespace relabelled
 for PodSecurity, a quota tightened.
 
+A namespace being deleted is not probed (the API server refuses every creation in it, whatever the pod:
+NamespaceLifecycle), and one deleted between the list and its dry run is no verdict on the profile
+(sparkgate/probe.py `_terminating`): on a real cluster both profiles were reported refused for five minutes
+by namespaces that were going.
+
 Bounded: one run makes at most `max_dry_runs` dry-run creations (a (profile, namespace) pair takes one or
 two). A run that cannot cover every pair goes on where the last one stopped, rotating through the sorted
 pairs, so every namespace is probed over a few runs; the pairs it leaves for later are counted in

@@ -17,7 +17,7 @@ from sparkgate.contract import AppKey
 from .decision import AppSettings
 from .deletions import History
 from .metrics import LABEL_ESCAPES, text_help, text_series, text_value
-from .model import AppMemory, AppView, Snapshot
+from .model import AppMemory, AppView, Now, Snapshot
 from .pacing import Window
 
 
@@ -218,6 +218,11 @@ def pacing_summary(memory: AppMemory | None) -> dict[str, Any] | None:
     return {"window": window.size, "reason": window.reason.value, "unanswered": window.waiting}
 
 
+def _wall(now: Now, at: float | None) -> float | None:
+    """A time of the memory (monotonic) as unix seconds, for people."""
+    return None if at is None else round(now.wall_of(at), 3)
+
+
 def app_summary(
     view: AppView,
     settings: AppSettings | None,
@@ -225,6 +230,8 @@ def app_summary(
     history: History | None,
     backoff: tuple[int, float] | None = None,
     excluded: bool = False,
+    *,
+    now: Now,
 ) -> dict[str, Any]:
     counts = view.counts
     allocation = settings.allocation if settings else None
@@ -243,14 +250,22 @@ def app_summary(
                 "batchSize": allocation.batch_size,
                 "batchDelaySeconds": allocation.batch_delay_seconds,
                 "maxPendingPerApp": allocation.max_pending_per_app,
+                "unschedulableSeconds": allocation.unschedulable_seconds,
             }
             if allocation
             else None
         ),
         "pacing": pacing_summary(memory),
+        # Released pods the scheduler refused, in flight, and how many of them for unschedulableSeconds or
+        # longer (the refused-pod bound, docs/policy.md): None when none.
+        "unschedulable": (
+            {"inFlight": settings.unschedulable, "overdue": settings.overdue}
+            if settings and settings.unschedulable
+            else None
+        ),
         "waitingFor": settings.waiting_for if settings else None,
-        "waitingSince": memory.waiting_since if memory else None,
-        "lastReleaseAt": memory.last_release_at if memory else None,
+        "waitingSince": _wall(now, memory.waiting_since) if memory else None,
+        "lastReleaseAt": _wall(now, memory.last_release_at) if memory else None,
         "driver": None if view.driver is None else {"name": view.driver.name, "phase": view.driver.phase},
         "finished": bool(memory and memory.finished),
         "deletions": {reason.value: n for reason, n in sorted((history.counts if history else {}).items())},
@@ -269,6 +284,8 @@ def apps_document(
     limits: Mapping[str, int],
     backoff: Mapping[AppKey, tuple[int, float]],
     excluded: Callable[[str], bool],
+    *,
+    now: Now,
 ) -> dict[str, Any]:
     in_flight, bypassed = namespace_counts(snapshot, excluded)
     apps = [
@@ -279,6 +296,7 @@ def apps_document(
             histories.get(key),
             backoff.get(key),
             excluded(key.namespace),
+            now=now,
         )
         for key in sorted(snapshot.apps)
     ]
@@ -302,8 +320,10 @@ def app_document(
     history: History | None,
     backoff: tuple[int, float] | None = None,
     excluded: bool = False,
+    *,
+    now: Now,
 ) -> dict[str, Any]:
-    document = app_summary(view, settings, memory, history, backoff, excluded)
+    document = app_summary(view, settings, memory, history, backoff, excluded, now=now)
     document["pods"] = [
         {
             "name": p.name,

@@ -26,7 +26,15 @@ def _limits(app: dict[str, Any]) -> str:
     batch, most = limits.get("batchSize"), limits.get("maxPendingPerApp")
     if batch is None and most is None:
         return "-"
-    return f"batch {'-' if batch is None else batch}, max {'-' if most is None else most}"
+    text = f"batch {'-' if batch is None else batch}, max {'-' if most is None else most}"
+    refused = limits.get("unschedulableSeconds")
+    return text if refused is None else f"{text}, unschedulable {refused:g}s"
+
+
+def _in_flight(app: dict[str, Any]) -> str:
+    """Its pods in flight, and how many of them the scheduler refused: `20 (10 unschedulable)`."""
+    refused = app.get("unschedulable")
+    return f"{app['inFlight']} ({refused['inFlight']} unschedulable)" if refused else str(app["inFlight"])
 
 
 def _window(app: dict[str, Any]) -> str:
@@ -59,7 +67,7 @@ COLUMNS = (
     ("APP ID", lambda a: a["appId"]),
     ("PROFILE", lambda a: a.get("profile") or ""),
     ("GATED", lambda a: str(a["gated"])),
-    ("IN FLIGHT", lambda a: str(a["inFlight"])),
+    ("IN FLIGHT", _in_flight),
     ("RUNNING", lambda a: str(a["running"])),
     ("FAILED", lambda a: str(a["failed"])),
     ("LIMITS", _limits),

@@ -529,12 +529,24 @@ class Store:
         if namespace is None:
             raise not_found("namespaces", ns)
         if namespace["metadata"].get("deletionTimestamp"):
+            # k8s.io/apiserver plugin/namespace/lifecycle/admission.go `Admit`: admission.NewForbidden, and the
+            # cause NamespaceTerminating (v1.NamespaceTerminatingCause) appended to its details.
             raise ApiError(
                 403,
                 "Forbidden",
                 f'{r.plural} "{name}" is forbidden: unable to create new content in namespace {ns} '
                 "because it is being terminated",
-                {"name": name, "kind": r.plural},
+                {
+                    "name": name,
+                    "kind": r.plural,
+                    "causes": [
+                        {
+                            "reason": "NamespaceTerminating",
+                            "message": f"namespace {ns} is being terminated",
+                            "field": "metadata.namespace",
+                        }
+                    ],
+                },
             )
 
     def replace(

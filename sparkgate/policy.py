@@ -51,6 +51,9 @@ class Allocation:
     pacing: str = "fixed"  # "adaptive": the window grows while the scheduler binds at once (pacing.py)
     max_batch_size: int = 500  # the adaptive window's ceiling
     slow_bind_seconds: float = 5.0  # a released pod unbound this long makes adaptive pacing fall back
+    # A released pod the scheduler refused this long holds its app back (allocator/pacing.py `refused_hold`)
+    # and is no sign of life for a client-mode app (allocator/registry.py).
+    unschedulable_seconds: float = 60.0
 
     def with_override(self, o: AllocationOverride) -> Allocation:
         return replace(self, **{k: v for k, v in vars(o).items() if v is not None})
@@ -66,6 +69,7 @@ class AllocationOverride:
     pacing: str | None = None
     max_batch_size: int | None = None
     slow_bind_seconds: float | None = None
+    unschedulable_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -334,6 +338,7 @@ _ALLOCATION_KEYS = {
     "pacing",
     "maxBatchSize",
     "slowBindSeconds",
+    "unschedulableSeconds",
 }
 _CLUSTER_KEYS = _ALLOCATION_KEYS | {"maxPendingPerNamespace", "maxPendingCluster"}
 _PROFILE_KEYS = {
@@ -360,6 +365,7 @@ DEFAULT_ALLOCATION: dict[str, Any] = {
     "pacing": Allocation.pacing,
     "maxBatchSize": Allocation.max_batch_size,
     "slowBindSeconds": Allocation.slow_bind_seconds,
+    "unschedulableSeconds": Allocation.unschedulable_seconds,
 }
 
 
@@ -412,6 +418,7 @@ def load_policy(text: str, install_namespace: str = contract.INSTALL_NAMESPACE) 
         pacing=str(cluster["pacing"]),
         max_batch_size=int(cluster["maxBatchSize"]),
         slow_bind_seconds=float(cluster["slowBindSeconds"]),
+        unschedulable_seconds=float(cluster["unschedulableSeconds"]),
     )
     _check_within_caps(r, "allocation", allocation.batch_size, allocation.max_pending_per_app, caps)
     _check_window(r, "allocation", allocation)
@@ -471,6 +478,7 @@ def _read_allocation(r: _Reader, raw: dict[str, Any]) -> dict[str, Any]:
         "pacing": pacing,
         "maxBatchSize": r.integer(1, MAX_BATCH),
         "slowBindSeconds": bound,
+        "unschedulableSeconds": r.seconds,
     }
     out = {}
     for key in raw:
@@ -539,6 +547,7 @@ def _read_profile(r: _Reader, raw: object, caps: Caps, defaults: Allocation) -> 
                 pacing=numbers.get("pacing"),
                 max_batch_size=_opt_int(numbers.get("maxBatchSize")),
                 slow_bind_seconds=_opt_float(numbers.get("slowBindSeconds")),
+                unschedulable_seconds=_opt_float(numbers.get("unschedulableSeconds")),
             )
             _check_within_caps(r, r.here, allocation.batch_size, allocation.max_pending_per_app, caps)
             _check_window(r, r.here, defaults.with_override(allocation))

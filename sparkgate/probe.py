@@ -57,6 +57,7 @@ MATCH_CONDITION = {
     "expression": "!(has(request.dryRun) && request.dryRun && has(object.metadata.labels) && "
     f"'{PROBE_LABEL}' in object.metadata.labels)",
 }
+TERMINATING = "Terminating"  # a namespace being deleted: status.phase, what NamespaceLifecycle checks
 _SERVER_SET = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields", "selfLink")
 
 
@@ -112,10 +113,15 @@ def spark_pod(profile: Profile, namespace: str) -> Obj:
 
 def targets(kube: Kube, policy: Policy, namespaces: Sequence[str] | None = None) -> list[tuple[Profile, str]]:
     """(profile, namespace) for every profile and every namespace it matches: those given, else every
-    namespace of the cluster; excluded namespaces never (sparkgate does not touch their pods)."""
+    namespace of the cluster that is not being deleted (its pods are going, and the API server refuses any
+    new one: `_terminating`); excluded namespaces never (sparkgate does not touch their pods)."""
     if namespaces is None:
         items, _ = kube.list("/api/v1/namespaces")
-        namespaces = [item["metadata"]["name"] for item in items]
+        namespaces = [
+            item["metadata"]["name"]
+            for item in items
+            if (item.get("status") or {}).get("phase") != TERMINATING
+        ]
     names = sorted(set(namespaces))
     return [
         (profile, ns)
@@ -204,7 +210,16 @@ def _verdict(error: KubeError) -> Verdict:
         return Verdict.ERROR  # no answer at all
     if error.status == 403 and 'cannot create resource "pods"' in error.message:
         return Verdict.ERROR  # RBAC refused the probe itself, not the pod
+    if _terminating(error):
+        return Verdict.ERROR  # the namespace, not the pod: deleted since it was listed
     return Verdict.REFUSED
+
+
+def _terminating(error: KubeError) -> bool:
+    """The NamespaceLifecycle admission plugin's refusal of any creation in a namespace being deleted
+    (k8s.io/apiserver plugin/namespace/lifecycle/admission.go `Admit`: 403 Forbidden, `unable to create new
+    content in namespace X because it is being terminated`, with the cause NamespaceTerminating)."""
+    return error.status == 403 and "because it is being terminated" in error.message
 
 
 def _dry_run(kube: Kube, pod: Obj) -> Obj:

@@ -20,6 +20,7 @@ from allocator.model import (
     DeletionReason,
     DriverRecord,
     Event,
+    Now,
     PodRecord,
     Release,
     Snapshot,
@@ -333,7 +334,7 @@ def test_an_app_without_memory_waits_for_its_released_unbound_pods_as_its_last_b
     pods = [pod("a", 1, gated=False), pod("a", 2, gated=False, node="n"), pod("a", 3)]
     pods += [pod("a", 4, gated=False, profile=None)]  # bypassed: not released by sparkgate
     app = view("a", pods)
-    rebuilt = rebuilt_memory(app)
+    rebuilt = rebuilt_memory(app, Now(100.0, 2000.0))
     assert rebuilt.last_batch == {"a-exec-1"}
     held = decide(snap(app), policy(), 100.0, {AppKey("spark", "a"): rebuilt})
     assert released(held) == [] and "previous batch" in (
@@ -447,3 +448,36 @@ def test_a_waiting_app_is_told_again_at_most_once_a_minute() -> None:
         memory = decision.memory
         said += [second for a in decision.actions if isinstance(a, Event) and a.reason == "Waiting"]
     assert said == [5, 5 + 60, 5 + 120]
+
+
+def test_a_rebuilt_memory_places_each_app_by_its_pods_age_on_the_monotonic_clock() -> None:
+    """Issue 37: an app whose memory is rebuilt (every app at a new leader, a new app, one that ends and comes
+    back) went to the back of the line. Its place is rebuilt from its pods: when its oldest gated pod was
+    created, or its newest released one if later (a lower bound of its last release, after which it went to
+    the back of the line), converted to the monotonic clock by its age."""
+    now = Now(500.0, 2000.0)  # pods are created at 1000 + their executor id on the wall clock
+    waited = view("a", [pod("a", 3), pod("a", 4)])
+    served = view("b", [pod("b", 1), pod("b", 600, gated=False, node="n", phase="Running")])
+    fresh = {k: rebuilt_memory(v, now) for k, v in ((waited.key, waited), (served.key, served))}
+    assert fresh[waited.key].waiting_since == 500.0 - (2000.0 - 1003.0)
+    assert fresh[served.key].waiting_since == 500.0 - (2000.0 - 1600.0)
+    # Under a namespace budget of one batch, the app that waited longest goes first.
+    d = decide(snap(waited, served), policy(batch=2, per_ns=2), 500.0, fresh)
+    assert released(d) == ["a-exec-3", "a-exec-4"]
+    # A place kept for an app that ended and came back wins; an app with nothing gated waits for nothing.
+    assert rebuilt_memory(waited, now, place=7.0).waiting_since == 7.0
+    assert rebuilt_memory(view("c", [pod("c", 1, gated=False)]), now).waiting_since is None
+
+
+def test_a_new_apps_rebuilt_place_moves_with_no_wall_clock_step() -> None:
+    """The one comparison of wall time with the API's timestamps is bounded: an app this replica saw appear
+    (monotonic) is placed no earlier than that, whatever the wall clock says its pods' age is, so a step of
+    this host's wall clock (or its skew with the API server) an hour either way moves it by no more than a
+    second."""
+    new = view("a", [pod("a", 1)])  # created at 1001 by the API server's clock
+    places = {}
+    for step in (0.0, 3600.0, -3600.0):
+        now = Now(500.0, 1001.5 + step)  # this host's wall clock, stepped
+        places[step] = rebuilt_memory(new, now, seen=499.6).waiting_since
+    assert places[0.0] == 499.6
+    assert all(place is not None and abs(place - places[0.0]) <= 1.0 for place in places.values())

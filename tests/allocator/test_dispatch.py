@@ -7,6 +7,7 @@ finishes by hand; the Lease is taken on kubesim over HTTP."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -75,7 +76,8 @@ def executor(app: str, exec_id: int) -> dict[str, Any]:
                 contract.LABEL_EXEC_ID: str(exec_id),
             },
             "annotations": {contract.ANNOTATION_PROFILE: "spark"},
-            "creationTimestamp": "2026-11-23T10:00:00Z",
+            # Created now: an app the allocator finds at its start is placed in line by its pods' age.
+            "creationTimestamp": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         },
         "spec": {
             "containers": [{"name": "spark-kubernetes-executor", "image": "spark"}],
@@ -163,7 +165,7 @@ def test_an_app_backing_off_keeps_its_backoff_through_a_decision_that_only_says_
     do."""
     c, actor = controller
     now = [1000.0]
-    c.clock = lambda: now[0]
+    c.clock = c.monotonic = lambda: now[0]
     c.step(take(c))
     assert actor.releases() == [f"app-a-exec-{i}" for i in range(1, 5)]  # the cluster budget (4) to app-a
     actor.finish(A, False)  # app-a's first release refused
@@ -261,7 +263,7 @@ def test_the_tick_leaves_apps_held_by_a_shared_budget_to_their_wakes_their_event
     release), then at the latest every HELD_RECHECK_SECONDS, and at the first tick after the policy changed."""
     c, actor = controller
     now = [1000.0]
-    c.clock = c.queue.monotonic = lambda: now[0]
+    c.clock = c.monotonic = c.queue.monotonic = lambda: now[0]
     c.tick()  # the first, as the loop's run begins: both apps queued
     c.step(take(c))
     assert actor.releases() == [f"app-a-exec-{i}" for i in range(1, 5)]
@@ -303,7 +305,7 @@ def test_a_follower_s_tick_leaves_held_apps_to_their_recheck_too(
     100,000-pod cluster decided every held app each second, bench/scale.py)."""
     c, actor = controller
     now = [1000.0]
-    c.clock = c.queue.monotonic = lambda: now[0]
+    c.clock = c.monotonic = c.queue.monotonic = lambda: now[0]
     c.elector.release()
     assert not c.elector.leading
     for i in range(1, 5):  # the leader released app-a's four: the cluster's budget (4) is used

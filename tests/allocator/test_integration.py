@@ -148,7 +148,12 @@ def test_annotations_lower_a_limit_and_are_clamped_to_the_caps(system: Any) -> N
     )
     apps = {a["appId"]: a for a in allocator.apps()["apps"]}
     assert apps[low.app_id]["limits"]["batchSize"] == 2
-    assert apps[high.app_id]["limits"] == {"batchSize": 12, "batchDelaySeconds": 0.1, "maxPendingPerApp": 7}
+    assert apps[high.app_id]["limits"] == {
+        "batchSize": 12,
+        "batchDelaySeconds": 0.1,
+        "maxPendingPerApp": 7,
+        "unschedulableSeconds": 60.0,
+    }
     # A batch is released only once the previous one is bound: at most one batch is ever unbound.
     assert observer.violations == []
     assert observer.max_unbound[low.app_id] <= 2

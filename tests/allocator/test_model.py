@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import itertools
 
-from allocator.model import AppView, Counts, PodRecord
+from allocator import pacing
+from allocator.model import AppView, Counts, Now, PodRecord
 from sparkgate.contract import NO_PROFILE, AppKey
 
 KEY = AppKey("spark", "a")
@@ -18,16 +19,29 @@ def pod(
     deleting: bool = False,
     phase: str = "Pending",
     profile: str | None = "etl",
-):
-    return PodRecord("spark", f"a-{i}", str(i), "a", i, "0", gated, profile, None, phase, deleting, 0.0)
+    node: str | None = None,
+    unschedulable: bool = False,
+) -> PodRecord:
+    return PodRecord(
+        "spark", f"a-{i}", str(i), "a", i, "0", gated, profile, node, phase, deleting, 0.0,
+        unschedulable=unschedulable,
+    )  # fmt: skip
 
 
 def test_counts_put_each_pod_in_one_state_as_its_properties_say() -> None:
     phases = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
-    for gated, deleting, phase, profile in itertools.product(
-        (False, True), (False, True), phases, ("etl", None)
+    for gated, deleting, phase, profile, node, unschedulable in itertools.product(
+        (False, True), (False, True), phases, ("etl", None), (None, "n"), (False, True)
     ):
-        p = pod(1, gated=gated, deleting=deleting, phase=phase, profile=profile)
+        p = pod(
+            1,
+            gated=gated,
+            deleting=deleting,
+            phase=phase,
+            profile=profile,
+            node=node,
+            unschedulable=unschedulable,
+        )
         state = (
             "other" if deleting else "gated" if gated else "in_flight" if p.in_flight
             else "running" if phase == "Running" else "other"
@@ -37,6 +51,14 @@ def test_counts_put_each_pod_in_one_state_as_its_properties_say() -> None:
             s: int(s == state) for s in ("gated", "in_flight", "running", "other")
         }, p
         assert (counts.bypassed, counts.failed) == (int(p.bypassed), int(phase == "Failed")), p
+        assert counts.refused == int(pacing.refused(p)), p
+
+
+def test_an_api_timestamp_on_the_monotonic_clock_is_now_less_its_age_never_ahead_of_now() -> None:
+    now = Now(monotonic=500.0, wall=1_800_000_000.0)
+    assert now.since(1_800_000_000.0 - 120) == 380.0
+    assert now.since(1_800_000_000.0 + 30) == 500.0  # ahead of this host's clock: now
+    assert now.wall_of(380.0) == 1_800_000_000.0 - 120
 
 
 def test_an_apps_profile_is_the_one_its_lowest_named_executor_carries() -> None:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,9 +19,9 @@ from allocator import pacing
 from allocator.cache import pod_record
 from allocator.decision import Decision, decide, rebuilt_memory
 from allocator.metrics import AllocatorMetrics
-from allocator.model import AppMemory, PodRecord, Release, Snapshot
+from allocator.model import AppMemory, Now, PodRecord, Release, Snapshot
 from allocator.pacing import Reason, Window
-from allocator.status import AppsCollector, Status, pacing_summary
+from allocator.status import AppsCollector, Status, app_summary, pacing_summary
 from allocator.status_output import _window
 from sparkgate.contract import AppKey
 from sparkgate.policy import Policy, load_policy
@@ -37,14 +39,16 @@ def adaptive(
     ceiling: int = 100,
     slow_bind: float = 2,
     pacing_: str = "adaptive",
+    unschedulable: float = 60,
+    delay: float = 1,
 ) -> Policy:
     return load_policy(
         f"""
 apiVersion: sparkgate.io/v1alpha1
 kind: Policy
-allocation: {{pacing: {pacing_}, batchSize: {batch}, batchDelaySeconds: 1, maxBatchSize: {ceiling},
+allocation: {{pacing: {pacing_}, batchSize: {batch}, batchDelaySeconds: {delay}, maxBatchSize: {ceiling},
   slowBindSeconds: {slow_bind}, maxPendingPerApp: {per_app}, maxPendingPerNamespace: {per_ns},
-  maxPendingCluster: {cluster}}}
+  maxPendingCluster: {cluster}, unschedulableSeconds: {unschedulable}}}
 caps: {{batchSize: 50, maxPendingPerApp: 1000}}
 profiles:
   - name: p
@@ -146,8 +150,12 @@ def test_an_unschedulable_pod_falls_back_to_the_fixed_rule_but_does_not_hold_the
     # The fixed rule now: the batch delay since the last release (100.0), then batchSize.
     assert released(d) == [] and d.settings[A].waiting_for == "app spark/a: batch delay of 1s"
     assert d.due == {A: 101.0}
-    d = cluster.decide(policy, 101.0)  # the unschedulable pod has had its answer: it holds nothing
-    assert len(released(d)) == 10 and cluster.window().reason is Reason.UNSCHEDULABLE
+    # The unschedulable pod has had its answer: it does not hold the next batch, which is batchSize less the
+    # refused pods in flight (at most one batch of the app's pods unplaced: the refused-pod bound).
+    d = cluster.decide(policy, 101.0)
+    assert len(released(d)) == 9 and cluster.window().reason is Reason.UNSCHEDULABLE
+    assert d.settings[A].unschedulable == 1 and d.settings[A].overdue == 0
+    assert d.due == {A: 160.5}  # when the refusal (seen at 100.5) will be unschedulableSeconds (60) old
     assert released(cluster.decide(policy, 101.5)) == []  # previous batch unbound
 
 
@@ -184,7 +192,13 @@ def test_fixed_pacing_keeps_todays_rule_an_unschedulable_pod_holds_its_app() -> 
     cluster.answer("a", run=9, refuse=1)
     d = cluster.decide(policy, 200.0)
     assert released(d) == [] and "previous batch not yet bound (1 pods)" in (d.settings[A].waiting_for or "")
-    assert cluster.window() == Window(10, Reason.FIXED) and d.due == {}
+    assert cluster.window() == Window(10, Reason.FIXED) and d.due == {A: 260.0}  # the refusal overdue then
+    d = cluster.decide(policy, 260.0)
+    assert released(d) == [] and d.settings[A].waiting_on == "unschedulable"
+    assert d.settings[A].waiting_for == (
+        "app spark/a: 1 released pods unschedulable, the first for unschedulableSeconds (60s) or more: "
+        "held back until they are bound or gone"
+    )
 
 
 def test_once_the_refused_pods_are_bound_slow_start_begins_again_without_a_fixed_round() -> None:
@@ -362,7 +376,7 @@ def test_pods_released_before_a_restart_count_against_the_window_and_fall_it_bac
     cluster, policy = Cluster(("a", 200)), adaptive(batch=10, slow_bind=2)
     for i in range(1, 101):
         cluster.pods["a"][i] = pod("a", i, gated=False)  # released by the previous leader, not answered
-    cluster.memory = {A: rebuilt_memory(cluster.snapshot().apps[A])}
+    cluster.memory = {A: rebuilt_memory(cluster.snapshot().apps[A], Now(100.0, 2000.0))}
     d = cluster.decide(policy, 1000.0)
     assert released(d) == [] and (cluster.window().size, cluster.window().waiting) == (10, 100)
     assert d.due == {A: 1002.0}
@@ -471,3 +485,173 @@ def test_a_window_idle_for_the_bound_starts_slow_again_at_the_apps_next_burst() 
     assert burst_after(4.0)[0] == 100
     count, window = burst_after(6.0)
     assert count == 10 and (window.size, window.reason) == (10, Reason.SLOW_START)
+
+
+def names(app: str, ids: range) -> list[str]:
+    return [f"{app}-exec-{i}" for i in ids]
+
+
+def refused_in_flight(cluster: Cluster, app: str) -> int:
+    return sum(map(pacing.refused, cluster.pods[app].values()))
+
+
+def running_count(cluster: Cluster, app: str) -> int:
+    return sum(p.phase == "Running" for p in cluster.pods[app].values())
+
+
+@pytest.mark.parametrize("mode", ["adaptive", "fixed"])
+def test_an_app_that_can_never_be_scheduled_holds_one_batch_and_is_held_back_past_the_bound(
+    mode: str,
+) -> None:
+    """Issue 37, finding 2: after the fall back, refused pods no longer held the app's next batch, so an app
+    whose executors can never be scheduled released until maxPendingPerApp sat Pending (namespace cap 60,
+    per app 50: `fixed` held 10, `adaptive` 50). Now at most one batch of its refused pods stays in flight,
+    in both modes, and once its oldest refusal is unschedulableSeconds old it releases nothing, said so."""
+    cluster = Cluster(("a", 100))
+    policy = adaptive(batch=10, per_app=50, per_ns=60, cluster=500, pacing_=mode, unschedulable=60)
+    now, most = 100.0, 0
+    while now < 200.0:
+        d = cluster.decide(policy, now)
+        cluster.answer("a", refuse=1000)  # the scheduler cannot place any of them
+        most = max(most, refused_in_flight(cluster, "a"))
+        now += 1.5
+    assert most == 10
+    d = cluster.decide(policy, now)
+    assert released(d) == [] and d.settings[A].waiting_on == "unschedulable"
+    assert d.settings[A].waiting_for == (
+        "app spark/a: 10 released pods unschedulable, the first for unschedulableSeconds (60s) or more: "
+        "held back until they are bound or gone"
+    )
+    assert (d.settings[A].unschedulable, d.settings[A].overdue) == (10, 10)
+    cluster.answer("a", run=1)  # room came for one: it goes to a refused pod, the others still hold
+    now += 1.5
+    assert released(cluster.decide(policy, now)) == []
+    cluster.answer("a", run=1000)  # room came for all of them: the hold ends, the app goes on
+    now += 1.5
+    assert len(released(cluster.decide(policy, now))) == 10
+
+
+def test_an_app_with_fewer_refused_pods_than_a_batch_goes_on_until_its_oldest_refusal_is_overdue() -> None:
+    cluster = Cluster(("a", 100))
+    policy = adaptive(batch=10, pacing_="adaptive", unschedulable=30)
+    cluster.decide(policy, 100.0)
+    cluster.answer("a", run=7, refuse=3)
+    d = cluster.decide(policy, 101.0)  # fallen back: 7 = batchSize less the 3 refused in flight
+    assert released(d) == names("a", range(11, 18)) and d.due == {A: 131.0}  # when they are 30 s old
+    for i in range(11, 18):  # the new batch is bound, the refused pods are not
+        cluster.pods["a"][i] = msgspec.structs.replace(cluster.pods["a"][i], node="n", phase="Running")
+    d = cluster.decide(policy, 102.0)
+    assert len(released(d)) == 7  # a batch delay later, the next: still 3 refused in flight
+    for i in range(18, 25):
+        cluster.pods["a"][i] = msgspec.structs.replace(cluster.pods["a"][i], node="n", phase="Running")
+    d = cluster.decide(policy, 131.0)
+    assert released(d) == [] and d.settings[A].waiting_on == "unschedulable"
+
+
+BASE_POLICY = Path(__file__).parents[2] / "manifests" / "base" / "policy.yaml"
+
+
+def test_under_the_shipped_policy_three_never_schedulable_apps_leave_two_schedulable_ones_their_turns() -> (
+    None
+):
+    """Issue 37's acceptance, on the pure decision: three apps whose executors can never be scheduled and two
+    whose executors can, in one namespace, under manifests/base/policy.yaml (60 a namespace, 20 an app, batches
+    of 10, adaptive). The never-schedulable ones came first and held all 60 slots for good (20 each)."""
+    policy = load_policy(BASE_POLICY.read_text())
+    cluster = Cluster(("n1", 100), ("n2", 100), ("n3", 100))
+    now = 100.0
+    for _ in range(20):
+        cluster.decide(policy, now)
+        for app in ("n1", "n2", "n3"):
+            cluster.answer(app, refuse=1000)
+        now += 1.5
+    cluster.pods.update(
+        {"s1": {i: pod("s1", i) for i in range(1, 61)}, "s2": {i: pod("s2", i) for i in range(1, 61)}}
+    )
+    for _ in range(60):
+        cluster.decide(policy, now)
+        for app in ("n1", "n2", "n3"):
+            cluster.answer(app, refuse=1000)
+            assert refused_in_flight(cluster, app) <= 10
+        for app in ("s1", "s2"):
+            cluster.answer(app, run=1000)
+        now += 1.5
+    assert running_count(cluster, "s1") == running_count(cluster, "s2") == 60
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 12),  # batchSize
+    st.integers(0, 4),  # apps whose executors can never be scheduled
+    st.integers(1, 3),  # apps whose executors can
+    st.integers(1, 40),  # maxPendingPerApp
+    st.integers(1, 30),  # namespace room beyond what the never-schedulable ones may hold
+    st.sampled_from(["adaptive", "fixed"]),
+    st.sampled_from([0.0, 0.5, 2.0]),  # batchDelaySeconds
+    st.sampled_from([0.0, 10.0, 60.0]),  # unschedulableSeconds
+    st.lists(st.floats(0.1, 3.0), min_size=1, max_size=5),  # time between decisions, cycled
+)
+def test_schedulable_apps_are_never_starved_by_apps_that_cannot_be_scheduled(
+    batch: int,
+    never: int,
+    schedulable: int,
+    per_app: int,
+    room: int,
+    mode: str,
+    delay: float,
+    bound: float,
+    steps: list[float],
+) -> None:
+    """Fairness as a property, over the pure decision and a simple scheduler that places every released pod
+    of the schedulable apps and refuses every one of the others: whatever the mix, the schedulable apps get
+    all their executors running. Each never-schedulable app holds at most one batch of the namespace's slots
+    (min(batchSize, maxPendingPerApp)); so the schedulable ones are not starved whenever those batches leave
+    room in the namespace (with more such apps than that, their refused pods fill it until they go: no rule
+    that keeps the caps and deletes nobody's pods can do better). The caps hold at every decision."""
+    held = never * min(batch, per_app)
+    per_ns = held + room
+    policy = adaptive(
+        batch=batch,
+        per_app=per_app,
+        per_ns=per_ns,
+        cluster=per_ns,
+        ceiling=max(batch, 50),
+        pacing_=mode,
+        delay=delay,
+        unschedulable=bound,
+    )
+    nevers = [f"n{i}" for i in range(never)]
+    oks = [f"s{i}" for i in range(schedulable)]
+    cluster = Cluster(*((app, 30) for app in nevers + oks))
+    now = 100.0
+    for i in range(3000):
+        if all(running_count(cluster, app) == 30 for app in oks):
+            break
+        before = cluster.snapshot()
+        d = cluster.decide(policy, now)
+        in_namespace = sum(v.counts.in_flight for v in before.apps.values())
+        assert in_namespace + len(released(d)) <= max(per_ns, in_namespace)
+        for app in nevers:
+            cluster.answer(app, refuse=1000)
+            assert refused_in_flight(cluster, app) <= min(batch, per_app)
+        for app in oks:
+            cluster.answer(app, run=1000)
+        now += steps[i % len(steps)]
+    assert {app: running_count(cluster, app) for app in oks} == dict.fromkeys(oks, 30)
+
+
+def test_apps_shows_the_refused_pod_bound_and_its_times_in_wall_time() -> None:
+    """/apps (and so `sparkgate status`) shows the bound in force, the app's refused pods and how many are
+    overdue, and its times as unix seconds though the memory keeps them on the monotonic clock."""
+    cluster, policy = Cluster(("a", 30)), adaptive(batch=10, unschedulable=60)
+    cluster.decide(policy, 100.0)
+    cluster.answer("a", refuse=1000)
+    cluster.decide(policy, 110.0)  # the refusals seen: the bound runs from here
+    d = cluster.decide(policy, 170.0)
+    summary = app_summary(
+        cluster.snapshot().apps[A], d.settings[A], cluster.memory[A], None, now=Now(170.0, 1_800_000_000.0)
+    )
+    assert summary["limits"]["unschedulableSeconds"] == 60.0
+    assert summary["unschedulable"] == {"inFlight": 10, "overdue": 10}
+    assert summary["waitingFor"].endswith("held back until they are bound or gone")
+    assert summary["lastReleaseAt"] == 1_800_000_000.0 - 70.0

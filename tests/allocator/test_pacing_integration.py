@@ -4,9 +4,12 @@ and the limits checked at every change by the observer. Counts and caps only, ne
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+from sandbox.localsystem import LocalSystem
 
 from .test_integration import gated, running
 
@@ -87,3 +90,52 @@ def test_a_full_cluster_falls_back_and_never_exceeds_the_caps(system: Any) -> No
     assert all(observer.max_in_flight[d.app_id] <= 10 for d in drivers)
     apps = [app_status(allocator, d.app_id) for d in drivers]
     assert all(a is not None and a["pacing"]["window"] == 10 for a in apps)
+
+
+BASE_POLICY = Path(__file__).parents[2] / "manifests" / "base" / "policy.yaml"
+
+
+def test_under_the_shipped_policy_apps_that_cannot_be_scheduled_leave_the_others_their_executors(
+    tmp_path: Path, observe: Any
+) -> None:
+    """Issue 37's acceptance, end to end: manifests/base/policy.yaml (namespace budget 60, 20 an app, batches of
+    10, adaptive pacing), three apps whose executors ask more CPU than any node has and two whose executors
+    fit, in one namespace. The three came first and, once fallen back, released until they held all 60 slots
+    with pods the scheduler refuses (20 each): the two others never got an executor. Now each holds one batch
+    of refused pods at most, and the two run every executor."""
+    system = LocalSystem(
+        BASE_POLICY, tmp_path, namespaces=("spark",), allocator_tick=0.2, nodes=4, node_cpu="20",
+        node_memory="1000Gi", bookmark_interval=0.5,
+    ).start()  # fmt: skip
+    try:
+        cluster, allocator = system.cluster, system.allocator
+        assert allocator is not None
+        observer = observe(cluster, 20, 60, 150, 20)
+        never = [
+            cluster.spark_driver("spark", f"huge-{i}", executors=40, batch_size=40, cpu="64")
+            for i in range(3)
+        ]
+
+        def all_held() -> bool:
+            apps = [app_status(allocator, d.app_id) for d in never]
+            return all(
+                a is not None and a["gated"] > 0 and a["waitingFor"] and a["inFlight"] > 0 for a in apps
+            ) and all(
+                "unschedulable" in a["waitingFor"] or "pods in flight" in a["waitingFor"]
+                for a in apps
+                if a is not None
+            )
+
+        cluster.wait_for(all_held, timeout=120, what="the three apps that cannot be scheduled held")
+        fitting = [
+            cluster.spark_driver("spark", f"fits-{i}", executors=30, batch_size=30, cpu="1") for i in range(2)
+        ]
+        cluster.wait_for(
+            lambda: all(running(cluster, d.app_id) == 30 for d in fitting),
+            timeout=120,
+            what="the two apps that fit: every executor running",
+        )
+        assert all(observer.max_in_flight[d.app_id] <= 10 for d in never)  # one batch of refused pods each
+        assert observer.violations == []
+    finally:
+        system.stop()

@@ -30,6 +30,7 @@ from sparkgate import contract
 from sparkgate.kube import Kube
 from sparkgate.leader import LeaderTask
 from sparkgate.policy_file import PolicySource
+from sparkgate.probe import Verdict, probe
 
 REPO = Path(__file__).resolve().parents[2]
 METRIC = "sparkgate_allocator_policy_probe_admitted"
@@ -179,6 +180,43 @@ def test_a_refusal_whose_event_was_not_written_is_recorded_by_the_next_run(
     one.probe.run_once()
     [event] = refused_events(cluster)
     assert event["message"].startswith("profile broken: the API server refuses its executor pods")
+
+
+WIDE = """  - name: wide
+    match: {namespaces: ["spark-*"]}
+"""
+
+
+def test_a_namespace_being_deleted_is_not_probed_and_one_deleted_meanwhile_is_no_refusal(
+    cluster: Cluster, leader: Callable[..., Leader]
+) -> None:
+    """Issue 37: on the real cluster the probe dry-ran into namespaces being deleted and reported both profiles
+    refused (4 ERROR lines, 2 ProfileRefused Events, policy_probe_admitted 0 for five minutes): the API server
+    refuses any creation in a namespace being deleted (NamespaceLifecycle, kubesim answers as it does:
+    tests/kubesim/test_api_semantics.py). Such a namespace is not probed; one deleted between the list and its
+    dry run is no verdict on the profile (an error, its last result kept)."""
+    cluster.add_namespace("spark-gone")
+    # A finalizer of another controller keeps the namespace Terminating while the test looks.
+    held = {"metadata": {"name": "held", "finalizers": ["example.com/hold"]}}
+    cluster.store.create("configmaps", held, namespace="spark-gone")
+    cluster.store.delete("namespaces", "", "spark-gone")
+    assert cluster.store.get("namespaces", "", "spark-gone")["status"]["phase"] == "Terminating"
+    one = leader(POLICY.format(klass="spark-batch", extra=WIDE))
+    results = one.probe.run_once()
+    assert [(r.profile, r.namespace, r.verdict.value) for r in results] == [
+        ("spark", "spark", "admitted"),
+        ("wide", "spark-b", "admitted"),
+    ]
+    assert sample(one.metrics, "wide") == 1 and not refused_events(cluster)
+    policy = one.probe.policy.current()
+    assert policy is not None
+    wide = policy.profile_named("wide")
+    assert wide is not None
+    late = probe(one.kube, policy, wide, "spark-gone")  # as if listed before its deletion
+    assert late.verdict is Verdict.ERROR and late.message == (
+        'pods "sparkgate-probe-wide" is forbidden: unable to create new content in namespace spark-gone '
+        "because it is being terminated"
+    )
 
 
 def test_a_run_keeps_to_its_dry_run_bound_and_rotates_through_the_namespaces(

@@ -91,7 +91,12 @@ def test_a_follower_reports_each_apps_profile_and_the_nodes_refused_by_its_setti
         apps = {a["appId"]: a for a in json.load(response)["apps"]}
     assert apps["app-t"]["profile"] == "tolerant" and apps["app-s"]["profile"] == "spark"
     # issue 20: a follower shows the limits in force, not "batch -, max -".
-    assert apps["app-s"]["limits"] == {"batchSize": 10, "batchDelaySeconds": 1.0, "maxPendingPerApp": 50}
+    assert apps["app-s"]["limits"] == {
+        "batchSize": 10,
+        "batchDelaySeconds": 1.0,
+        "maxPendingPerApp": 50,
+        "unschedulableSeconds": 60.0,
+    }
     # Three failures on n1: enough under the top-level setting (3), not under the tolerant profile's (5).
     assert apps["app-t"]["excludedNodes"] == []
     assert [(e["node"], e["scope"]) for e in apps["app-s"]["excludedNodes"]] == [("n1", "app")]

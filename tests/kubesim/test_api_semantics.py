@@ -386,6 +386,28 @@ def test_deleting_a_namespace_deletes_its_contents_first(core: client.CoreV1Api,
     with pytest.raises(Api) as e:
         core.create_namespaced_config_map("gone", {"metadata": {"name": "late"}})
     assert e.value.status == 403 and "because it is being terminated" in status_of(e.value)["message"]
+    # NamespaceLifecycle's answer word for word, a dry run's too (k8s.io/apiserver
+    # plugin/namespace/lifecycle/admission.go `Admit`: admission.NewForbidden plus the cause
+    # NamespaceTerminating, serialized as StatusCause's `reason`).
+    with pytest.raises(Api) as e:
+        core.create_namespaced_pod("gone", pod("probe"), dry_run="All")
+    status = status_of(e.value)
+    assert (e.value.status, status["reason"], status["message"]) == (
+        403,
+        "Forbidden",
+        'pods "probe" is forbidden: unable to create new content in namespace gone because it is being terminated',
+    )
+    assert status["details"] == {
+        "name": "probe",
+        "kind": "pods",
+        "causes": [
+            {
+                "reason": "NamespaceTerminating",
+                "message": "namespace gone is being terminated",
+                "field": "metadata.namespace",
+            }
+        ],
+    }
     assert [p.metadata.name for p in core.list_namespaced_pod("gone").items] == ["running"]
     assert core.list_namespaced_config_map("gone").items == []
     assert core.read_namespace("gone").status.phase == "Terminating"

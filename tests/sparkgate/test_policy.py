@@ -126,6 +126,18 @@ def test_empty_policy_gets_defaults() -> None:
         ("allocation: {slowBindSeconds: 0}", "allocation.slowBindSeconds: must be more than 0"),
         ("allocation: {slowBindSeconds: x}", "allocation.slowBindSeconds: expected a number of seconds"),
         (
+            "allocation: {unschedulableSeconds: 3601}",
+            "allocation.unschedulableSeconds: must be between 0 and 3600, got 3601",
+        ),
+        (
+            "allocation: {unschedulableSeconds: true}",
+            "allocation.unschedulableSeconds: expected a number of seconds, got a boolean",
+        ),
+        (
+            "profiles: [{name: a, allocation: {unschedulableSeconds: -1}}]",
+            "profiles[0].allocation.unschedulableSeconds: must be between 0 and 3600, got -1",
+        ),
+        (
             "profiles: [{name: a, allocation: {pacing: Adaptive}}]",
             "profiles[0].allocation.pacing: expected one",
         ),
@@ -152,6 +164,19 @@ def test_pacing_settings_default_layer_and_override_per_profile() -> None:
     slow, big = policy.profiles
     assert policy.allocation_for(slow, {})[0] == replace(policy.allocation, pacing="fixed")
     assert policy.allocation_for(big, {})[0] == replace(policy.allocation, max_batch_size=300)
+
+
+def test_the_refused_pod_bound_defaults_layers_and_overrides_per_profile() -> None:
+    assert load_policy(HEAD).allocation.unschedulable_seconds == 60.0
+    policy = load_policy(
+        HEAD
+        + "allocation: {unschedulableSeconds: 120}\n"
+        + "profiles: [{name: gpu, allocation: {unschedulableSeconds: 900}}, {name: any}]"
+    )
+    gpu, other = policy.profiles
+    assert policy.allocation_for(gpu, {})[0].unschedulable_seconds == 900.0
+    assert policy.allocation_for(other, {})[0].unschedulable_seconds == 120.0
+    assert load_policy(HEAD + "allocation: {unschedulableSeconds: 0}").allocation.unschedulable_seconds == 0.0
 
 
 def test_every_error_is_reported_at_once() -> None:
