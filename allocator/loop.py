@@ -28,8 +28,9 @@ Threading model (the parts are assembled in allocator/commands.py):
   every `history_flush` seconds while leading (API calls, off the loop thread);
 - actor threads carry out one app's actions each and, when done, report to Expectations, BindTimes, the
   HistoryStore and the WorkQueue (`done`);
-- the leader thread renews the Lease and sets `lost_lease`; leader tasks (certificate rotation, ...) run
-  in threads of their own;
+- the leader thread renews the Lease and sets `lost_lease`, and gives the Lease up when `shutdown` resigns
+  (the one thread that drives the elector); leader tasks (certificate rotation, ...) run in threads of
+  their own;
 - HTTP threads only read (`/apps`, and `/metrics` through the collector): Cache snapshots, copies of
   the published dicts, HistoryStore views, WorkQueue backoffs, Health.
 Every lock is a leaf: no code holds one lock while taking another or calling out, so there is no lock
