@@ -254,15 +254,19 @@ def _remove(obj: Any, paths: set[Path], field: str = "") -> Any:
 
 
 def to_fields_v1(paths: set[Path]) -> Obj:
-    """fieldpath/serialize.go: nested FieldsV1; "." marks a path that is itself a member."""
+    """fieldpath/serialize.go: nested FieldsV1; "." marks a path that is itself a member (first, as there)."""
     root: Obj = {}
-    for path in sorted(paths):
+    members = []
+    for path in sorted(paths):  # a path before its extensions
         node = root
-        for i, key in enumerate(path):
-            child = node.setdefault(key, {})
-            if i == len(path) - 1 and any(len(p) > len(path) and p[: len(path)] == path for p in paths):
-                child["."] = {}
-            node = child
+        for key in path:
+            node = node.setdefault(key, {})
+        if path:
+            node["."] = {}
+            members.append(node)
+    for node in members:
+        if len(node) == 1:  # a member with nothing below it is a leaf: no marker
+            del node["."]
     return root
 
 
