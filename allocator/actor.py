@@ -3,20 +3,27 @@
 - Release: one JSON Patch that `test`s the gate's entry, then removes it (other gates left alone). A 409 or
   422 (the pod changed: the test failed) or a 404 means the cache was stale: the app is re-decided from a
   fresher cache, never blindly retried. Every failed write (stale or refused: 403, 400...) makes the app's
-  result not ok, and the work queue holds the app for its backoff before deciding it again.
+  result not ok, and the work queue holds the app for its backoff before deciding it again. A release whose
+  outcome is unclear (no answer, a 5xx, or a refusal after an attempt whose answer was lost:
+  sparkgate/kube.py `maybe_applied`; or a defect of ours while it was being sent) is reported `unclear`: it
+  stays released, unconfirmed, until the watch says (allocator/expectations.py), and the app does not back
+  off for it. Each release of a pipelined run has its own outcome.
 - Config maps: an immutable copy of the profile's source ConfigMap in the app's namespace, labelled as
   the app's and owned by its driver pod; a copy that already exists is fine. When a copy cannot be made,
   the app's releases in the same decision are dropped (its pods would not start).
-- Deletions with a uid precondition, so a pod that was replaced is never deleted by mistake.
+- Deletions with a uid precondition, so a pod that was replaced is never deleted by mistake; a 404 after an
+  attempt whose answer was lost is that deletion done.
 - Kubernetes Events through sparkgate/events.py: one Event object per series (the action's key) whose count
   is patched, and a token bucket per pod, so a thousand-pod app does not flood the API server.
-Transient API errors are retried with backoff inside sparkgate/kube.py.
+Transient API errors are retried with backoff inside sparkgate/kube.py, where a repeat is safe: each of the
+writes here is one (the gate removal's test, the copy's name, the deletion's precondition), but a copy's
+deletion (by name: a repeat after an unclear answer could delete a new copy) and an Event (best effort).
 
 Only the leader writes, and leadership can lapse while actions wait or run (a hung API server: the Lease
-not renewed within its renew deadline). So every write the actor makes, each retry too, first checks
-`leading()` (its client is `Kube.gated` on it): once leadership has lapsed, the write is not sent, and the
-app's remaining actions and every app's queued actions are dropped without a request (`AppResult.dropped`);
-the next leader decides them again from the cluster.
+not renewed within its renew deadline). So the actor's client is the leader's (`LeaderElector.gate`): every
+write, each retry too, first checks leadership: once it has lapsed, the write is not sent, and the app's
+remaining actions and every app's queued actions are dropped without a request (`AppResult.dropped`); the
+next leader decides them again from the cluster.
 
 One app's actions are carried out in order (its config maps exist before its pods are released); different
 apps' actions run side by side on a few threads, so an app whose slot was just freed is not refilled only
@@ -57,20 +64,23 @@ WRITERS = 16  # gate-removal PATCHes in flight at once, all apps together
 
 @dataclass
 class AppResult:
-    """How one app's actions went: ok when every write went through; the pods whose gate was removed;
-    wrote when a write other than an Event went through; dropped when leadership lapsed before all of them
+    """How one app's actions went: ok when every write went through or may have; the pods whose gate was
+    removed, and those whose removal may have been applied (`unclear`: its answer was lost); wrote when a
+    write other than an Event went through or may have; dropped when leadership lapsed before all of them
     were sent (the rest were not)."""
 
     ok: bool = True
     released: list[str] = field(default_factory=list)
     wrote: bool = False
     dropped: bool = False
+    unclear: list[str] = field(default_factory=list)
 
     def add(self, other: AppResult) -> None:
         self.ok &= other.ok
         self.released += other.released
         self.wrote |= other.wrote
         self.dropped |= other.dropped
+        self.unclear += other.unclear
 
     @property
     def outcome(self) -> bool | None:
@@ -89,7 +99,6 @@ class Actor:
         kube: Kube,
         install_namespace: str,
         *,
-        leading: Callable[[], bool],
         identity: str = contract.ALLOCATOR_SERVICE_ACCOUNT,
         clock: Callable[[], float] = time.time,
         on_release: Callable[[Release, float], None] | None = None,
@@ -100,7 +109,7 @@ class Actor:
         monotonic: Callable[[], float] = time.monotonic,
         on_gate_removed: Callable[[float], None] | None = None,
     ) -> None:
-        self.kube = kube.gated(leading)
+        self.kube = kube  # the leader's client (LeaderElector.gate), limited by the write budget
         self.install_namespace = install_namespace
         self.identity = identity
         self.clock = clock
@@ -151,27 +160,48 @@ class Actor:
         return result
 
     def _attempt(self, action: Action) -> AppResult:
-        """One action, and how it went."""
+        """One action, and how it went. Never raises: an exception is this action's outcome alone."""
         result = AppResult()
         try:
             self._one(action)
             if isinstance(action, Release):
                 result.released.append(action.pod.uid)
             result.wrote = not isinstance(action, Event)
-        except NotLeading:
+        except NotLeading as e:
             result.dropped = True  # not sent: the next leader decides it again from the cluster
-        except (Conflict, Invalid, NotFound) as e:
-            log.info(
-                "%s for %s was stale (%s); re-deciding",
-                type(action).__name__,
-                action.app,
-                e.reason or e.status,
-            )
-            result.ok = False
+            if e.maybe_applied:
+                self._unclear(action, result, e)
         except KubeError as e:
-            log.warning("%s for %s failed: %s", type(action).__name__, action.app, e)
-            result.ok = False
+            if e.maybe_applied and isinstance(action, Release):
+                self._unclear(action, result, e)
+            elif isinstance(e, (Conflict, Invalid, NotFound)):
+                log.info(
+                    "%s for %s was stale (%s); re-deciding",
+                    type(action).__name__,
+                    action.app,
+                    e.reason or e.status,
+                )
+                result.ok = False
+            else:
+                log.warning("%s for %s failed: %s", type(action).__name__, action.app, e)
+                result.ok = False
+        except Exception as e:  # a defect, or an answer that is not JSON: whether it went out is not known
+            log.exception("%s for %s: unexpected error", type(action).__name__, action.app)
+            if isinstance(action, Release):
+                self._unclear(action, result, e)
+            else:
+                result.ok = False
         return result
+
+    @staticmethod
+    def _unclear(action: Action, result: AppResult, error: Exception) -> None:
+        """A write that may have been applied: a release stays released, unconfirmed, until the watch says."""
+        if isinstance(action, Release):
+            log.info("%s of %s: outcome unclear (%s); the watch will say", action.pod.name, action.app, error)
+            result.unclear.append(action.pod.uid)
+            result.wrote = True
+        else:
+            result.ok = False
 
     def observe(self, old: PodRecord | None, new: PodRecord | None) -> None:
         """A pod observer of the cache: when each gated pod was first seen, until its gate is gone."""
@@ -191,10 +221,14 @@ class Actor:
         elif isinstance(action, CreateConfigMap):
             self.create_config_map(action)
         elif isinstance(action, DeletePod):
-            self.kube.delete(
-                f"/api/v1/namespaces/{action.app.namespace}/pods/{action.pod.name}",
-                preconditions={"uid": action.pod.uid},
-            )
+            try:
+                self.kube.delete(
+                    f"/api/v1/namespaces/{action.app.namespace}/pods/{action.pod.name}",
+                    preconditions={"uid": action.pod.uid},
+                )
+            except NotFound as e:
+                if not e.maybe_applied:
+                    raise  # gone before: the cache was stale; after a lost answer: the deletion was done
             if self.on_delete is not None:
                 self.on_delete(action)
         elif isinstance(action, DeleteConfigMap):

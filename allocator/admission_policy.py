@@ -5,12 +5,17 @@ shapes and gates executor pods itself, with the MutatingAdmissionPolicy and bind
 writes from the policy. The allocator's leader keeps those two cluster-scoped objects equal to the rendering
 of the policy its PolicySource holds: when the policy ConfigMap changes (the source reloads the file; a bad
 document is refused and the last good policy stays, so do its objects) and every `interval` seconds, which
-also repairs a hand edit. Each object is created when missing, and otherwise written by server-side apply
-with the allocator's field manager and `force` (sparkgate owns them), so an apply that changes nothing
-writes nothing (the API server's no-op detection) and a field another manager added is kept. A policy that cannot be rendered within the API
-server's limits (sparkgate/render.py: RenderError) leaves the objects in force as they are; the run is an
-error (`sparkgate_allocator_task_runs_total{task="admission-policy",result="error"}`) with the reason in the
-log, and is tried again at the next change or interval. API faults are retried by Kube.request with backoff.
+also repairs a hand edit. Each object is written by server-side apply only, with the allocator's field
+manager and `force` (sparkgate owns them): an apply creates the object when it is missing (the API server
+authorizes `create` on its name then: handlers/patch.go), an apply that changes nothing writes nothing (the
+API server's no-op detection), a field another manager added is kept, and a field a later version stops
+rendering is pruned, since the allocator's Apply entry is its only manager. (Created by a POST, the object
+had an `Update` entry of the allocator's owning every field, and a field dropped from the rendering stayed.)
+A policy that cannot be rendered within the API server's limits (sparkgate/render.py: RenderError) leaves
+the objects in force as they are; the run is an error
+(`sparkgate_allocator_task_runs_total{task="admission-policy",result="error"}`) with the reason in the log,
+and is tried again at the next change or interval. API faults are retried by Kube.request with backoff (an
+apply is safe to repeat).
 
 Threading: one LeaderTask thread (allocator/commands.py) calls `run_if_due`; `_applied` is its own.
 """
@@ -24,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sparkgate import contract
-from sparkgate.kube import Kube, NotFound
+from sparkgate.kube import Kube
 from sparkgate.policy_file import PolicySource
 from sparkgate.render import POLICY_NAME, render
 
@@ -37,7 +42,6 @@ DEFAULT_INTERVAL = 60.0
 POLICIES = "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicies"
 BINDINGS = "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicybindings"
 _APPLY_QUERY = {"fieldManager": FIELD_MANAGER, "force": True}
-_CREATE_QUERY = {"fieldManager": FIELD_MANAGER}
 
 
 class AdmissionPolicySync:
@@ -84,36 +88,22 @@ class AdmissionPolicySync:
         # at every poll.
         self._applied = (policy.digest, self._monotonic())
         policy_object, binding = render(policy, self.namespace).objects  # RenderError: the objects stay
-        # The policy before the binding that names it. Each is created when missing (so RBAC's `create` is
-        # what makes it, visibly) and otherwise applied; the paths are literal for tests/manifests/test_rbac.py.
-        out = []
-        try:
-            self.kube.get(f"{POLICIES}/{POLICY_NAME}")
-        except NotFound:
-            out.append(self.kube.request("POST", POLICIES, query=_CREATE_QUERY, body=policy_object))
-        else:
-            out.append(
-                self.kube.request(
-                    "PATCH",
-                    f"{POLICIES}/{POLICY_NAME}",
-                    query=_APPLY_QUERY,
-                    body=json.dumps(policy_object),
-                    content_type=APPLY,
-                )
-            )
-        try:
-            self.kube.get(f"{BINDINGS}/{POLICY_NAME}")
-        except NotFound:
-            out.append(self.kube.request("POST", BINDINGS, query=_CREATE_QUERY, body=binding))
-        else:
-            out.append(
-                self.kube.request(
-                    "PATCH",
-                    f"{BINDINGS}/{POLICY_NAME}",
-                    query=_APPLY_QUERY,
-                    body=json.dumps(binding),
-                    content_type=APPLY,
-                )
-            )
+        # The policy before the binding that names it; the paths are literal for tests/manifests/test_rbac.py.
+        out = [
+            self.kube.request(
+                "PATCH",
+                f"{POLICIES}/{POLICY_NAME}",
+                query=_APPLY_QUERY,
+                body=json.dumps(policy_object),
+                content_type=APPLY,
+            ),
+            self.kube.request(
+                "PATCH",
+                f"{BINDINGS}/{POLICY_NAME}",
+                query=_APPLY_QUERY,
+                body=json.dumps(binding),
+                content_type=APPLY,
+            ),
+        ]
         log.info("admission policy %s applied for policy %s", POLICY_NAME, policy.digest)
         return out

@@ -231,7 +231,12 @@ def assemble(
 
     stop = stop or threading.Event()
     queue = WorkQueue(Backoff(options.backoff_base, options.backoff_cap))
-    expectations = Expectations()
+    # The controller's callbacks are bound after it exists; the parts reach it through these.
+    parts: dict[str, Controller] = {}
+    # A release whose answer was lost is counted when the watch shows it (Expectations.answered).
+    expectations = Expectations(
+        on_confirmed=lambda action: parts["controller"].on_release(action, parts["controller"].clock())
+    )
 
     def bound(namespace: str, seconds: float) -> None:
         with metrics.in_namespace(namespace):
@@ -251,8 +256,9 @@ def assemble(
     # The leader thread turns every retry period and a turn ends within the renew deadline.
     health = Health(options.stall_after, bounds={"leader": options.lease_duration + options.renew_deadline})
     # Every write only the leader may make goes through this client: it asks the elector before each attempt
-    # (a replica whose leadership lapsed mid-flush or mid-task sends nothing more; Kube.gated).
-    leader_writes = kube.gated(lambda: elector.leading)
+    # (a replica whose leadership lapsed mid-flush or mid-task sends nothing more) and ends within the fence
+    # (LeaderElector.gate).
+    leader_writes = elector.gate(kube)
     histories = HistoryStore(
         leader_writes,
         options.install_namespace,
@@ -263,8 +269,6 @@ def assemble(
         on_truncate=metrics.history_ids_dropped.inc,
         on_write_failure=metrics.history_write_failures.inc,
     )
-    # The controller's callbacks are bound after it exists; the cache and actor reach it through these.
-    parts: dict[str, Controller] = {}
     cache = Cache(
         lambda apps: parts["controller"].on_change(apps),
         lambda record, removed: parts["controller"].on_gone(record, removed),
@@ -280,11 +284,10 @@ def assemble(
     cache.pod_observers += [expectations.observe, bind_times.observe, placement.observe]
     cache.confirms = expectations.confirms
     # The actor's writes wait for the client-side budget; watches, the Lease and the histories do not.
-    writes = kube if write_budget is None else kube.limited(write_budget.wait)
+    writes = leader_writes if write_budget is None else leader_writes.limited(write_budget.wait)
     actor = Actor(
         writes,
         options.install_namespace,
-        leading=lambda: elector.leading,
         identity=options.identity,
         on_release=lambda action, at: parts["controller"].on_release(action, at),
         # Before the PATCH: its bind (or its deletion) may be watched before the PATCH returns, and an entry

@@ -6,10 +6,21 @@ and release past a limit; one taken between a delete and its watch event would d
 until the watch shows the change (or `expiry` passes: a relist may have replaced the pod, and the cache wins
 again), `apply` shows the snapshot as it will be: released pods ungated, deleted pods deleting.
 
+A gate removal counts as released from its dispatch until its answer says otherwise (`answered`): accepted,
+it stays until the watch shows it; refused (a 422 of its test, a 403...), it is dropped at once; with no
+clear answer (none came, a 5xx, or a refusal after an attempt whose answer was lost: sparkgate/kube.py
+`maybe_applied`) it stays "released, unconfirmed", as the ReplicaSet controller leaves a create that timed
+out to its expectations and its watch. The watch then says: the pod seen without its gate is a release
+(`on_confirmed`: the metrics count it then, as they count an accepted one at its answer), even when the watch
+showed it before the answer came; the expectation expiring with the pod still gated, or the pod gone while
+gated, is none (the cache wins). The expiry, a minute from the answer, is kube-apiserver's default request
+timeout (--request-timeout): a write not applied by then is not applied (the API server ends its handler).
+
 Thread-safe: one leaf lock. Written by the loop (`released` before dispatching), the actor threads
-(`deleted`, `failed`) and the executors reflector (`observe`, a pod observer of the cache); read by the
+(`deleted`, `answered`) and the executors reflector (`observe`, a pod observer of the cache); read by the
 loop (`pending`, then `apply`), which alone calls those two: what they keep across steps (the apps' unseen
 writes as last taken, their expected views, the in-flight pods these add) is the loop thread's, unlocked.
+`on_confirmed` is called from the actor's and the reflector's threads, with no lock held.
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ from msgspec.structs import replace
 
 from sparkgate.contract import AppKey
 
-from .model import AppView, PodRecord, Snapshot
+from .model import AppView, PodRecord, Release, Snapshot
 
 EXPIRY = 60.0  # seconds a write may stay unreported by the watch before the cache is trusted again
 
@@ -46,13 +57,25 @@ RELEASED, DELETED = 0, 1
 
 
 class Expectations:
-    def __init__(self, *, expiry: float = EXPIRY, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        expiry: float = EXPIRY,
+        monotonic: Callable[[], float] = time.monotonic,
+        on_confirmed: Callable[[Release], None] | None = None,
+    ) -> None:
         self.expiry = expiry
         self.monotonic = monotonic
+        self.on_confirmed = on_confirmed  # a release whose answer was unclear, shown by the watch
         self._lock = threading.Lock()
         # Per kind (RELEASED: gate removals dispatched, DELETED: deletes that succeeded), uid -> (its app,
         # when the write was made), oldest first: expiry pops from the front.
         self._writes: tuple[dict[str, tuple[AppKey, float]], ...] = ({}, {})
+        # Gate removals by uid: dispatched and not answered yet, with those of them the watch already showed
+        # released; answered unclearly and not shown by the watch yet.
+        self._awaiting: dict[str, Release] = {}
+        self._shown: set[str] = set()
+        self._unconfirmed: dict[str, Release] = {}
         # Per app with writes not seen: [version, uids released, uids deleted, their frozen copy or None].
         self._apps: dict[AppKey, list[Any]] = {}
         self._version = 0
@@ -70,33 +93,69 @@ class Expectations:
         self._delta: Counter[str] = Counter()
         self._sequence: int | None = None
 
-    def released(self, pods: Iterable[tuple[AppKey, str]]) -> None:
-        """Gate removals dispatched: (app, uid) each."""
+    def released(self, releases: Iterable[Release]) -> None:
+        """Gate removals dispatched: each counts as released until its answer (`answered`)."""
         now = self.monotonic()
         with self._lock:
-            for app, uid in pods:
-                self._add(RELEASED, app, uid, now)
+            for release in releases:
+                self._add(RELEASED, release.app, release.pod.uid, now)
+                self._awaiting[release.pod.uid] = release
+
+    def answered(
+        self, *, released: Iterable[str] = (), failed: Iterable[str] = (), unclear: Iterable[str] = ()
+    ) -> None:
+        """The answers to dispatched gate removals, by uid: accepted; refused or never sent (the pods are
+        gated, not in flight); unclear (kept as released, unconfirmed, until the watch says or it expires)."""
+        confirmed = []
+        now = self.monotonic()
+        with self._lock:
+            for uid in released:
+                self._awaiting.pop(uid, None)
+                self._shown.discard(uid)
+            for uid in failed:
+                self._awaiting.pop(uid, None)
+                self._shown.discard(uid)
+                self._remove(RELEASED, uid)
+            for uid in unclear:
+                release = self._awaiting.pop(uid, None)
+                if release is None:
+                    continue
+                if uid in self._shown:  # the watch showed it released before the answer came
+                    self._shown.discard(uid)
+                    confirmed.append(release)
+                elif uid in self._writes[RELEASED]:
+                    self._add(RELEASED, release.app, uid, now)  # expires a minute from the answer
+                    self._unconfirmed[uid] = release
+        self._confirm(confirmed)
 
     def deleted(self, app: AppKey, uid: str) -> None:
         now = self.monotonic()
         with self._lock:
             self._add(DELETED, app, uid, now)
 
-    def failed(self, uids: Iterable[str]) -> None:
-        """Gate removals that did not happen: the pods are gated, not in flight."""
-        with self._lock:
-            for uid in uids:
-                self._remove(RELEASED, uid)
-
     def observe(self, old: PodRecord | None, new: PodRecord | None) -> None:
         """A pod record changed in the cache (new None: the pod is gone)."""
         record = new or old
         assert record is not None
+        confirmed = None
         with self._lock:
             if new is None or not new.gated:
                 self._remove(RELEASED, record.uid)
+                if new is not None and record.uid in self._awaiting:
+                    self._shown.add(record.uid)
+                # Shown released: confirmed. Gone while gated: no release (the last record said gated).
+                unconfirmed = self._unconfirmed.pop(record.uid, None)
+                if new is not None or (old is not None and not old.gated):
+                    confirmed = unconfirmed
             if new is None or new.deleting:
                 self._remove(DELETED, record.uid)
+        if confirmed is not None:
+            self._confirm([confirmed])
+
+    def _confirm(self, releases: list[Release]) -> None:
+        if self.on_confirmed is not None:
+            for release in releases:
+                self.on_confirmed(release)
 
     def confirms(self, old: PodRecord, new: PodRecord) -> bool:
         """Whether a pod's change is its gate removal by this allocator, not seen yet, and nothing else: the
@@ -147,6 +206,8 @@ class Expectations:
                     if now - at <= self.expiry:
                         break
                     self._remove(kind, uid)
+                    if kind == RELEASED:
+                        self._unconfirmed.pop(uid, None)  # not shown in time: not released, the cache wins
             touched, self._touched = self._touched, set()
             changes: dict[AppKey, Frozen | None] = {}
             for app in touched:

@@ -28,8 +28,9 @@ Threading model (the parts are assembled in allocator/commands.py):
   every `history_flush` seconds while leading (API calls, off the loop thread);
 - actor threads carry out one app's actions each and, when done, report to Expectations, BindTimes, the
   HistoryStore and the WorkQueue (`done`);
-- the leader thread renews the Lease and sets `lost_lease`; leader tasks (certificate rotation, ...) run
-  in threads of their own;
+- the leader thread renews the Lease and sets `lost_lease`, and gives the Lease up when `shutdown` resigns
+  (the one thread that drives the elector); leader tasks (certificate rotation, ...) run in threads of
+  their own;
 - HTTP threads only read (`/apps`, and `/metrics` through the collector): Cache snapshots, copies of
   the published dicts, HistoryStore views, WorkQueue backoffs, Health.
 Every lock is a leaf: no code holds one lock while taking another or calling out, so there is no lock
@@ -144,6 +145,8 @@ class Controller:
         self.clock = clock  # wall: only against the API's timestamps and for users (module docstring)
         self.monotonic = monotonic  # every duration
         self.lost_lease = threading.Event()
+        self.resign = threading.Event()  # shutdown's word to the leader thread: give the Lease up and end
+        self._leader_thread: threading.Thread | None = None  # the one that drives the elector (`lead`)
         self._gone_lock = threading.Lock()
         self._gone: list[tuple[PodRecord, bool, float]] = []
         # Owned by the loop thread; changed under `_published`, which readers (HTTP threads) copy them under.
@@ -162,6 +165,7 @@ class Controller:
         self._tick_policy: Policy | None = None  # the policy at the last tick (a change queues the held apps)
         self._histories_current = False  # the histories were read from the cluster since this replica leads
         metrics.tracked = AppsCollector(self.status).exposition
+        metrics.leader.set_function(lambda: 1.0 if elector.leading else 0.0)  # the rule, at each scrape
 
     # --- inputs (reflector and actor threads) -----------------------------------------------------------
 
@@ -193,11 +197,13 @@ class Controller:
 
     def lead(self) -> None:
         """The leader thread (sparkgate/leader.py `campaign`): a turn of the Lease every retry period, each
-        a beat for /healthz; on losing the lease, stop the loop."""
+        a beat for /healthz; on losing the lease, stop the loop. It runs until `shutdown` resigns, not until
+        the loop stops, so that the Lease stays held through shutdown's last writes; then this thread, which
+        owns the elector, gives the Lease up (a release sent from another thread beside a renew lost to it:
+        409, and the follower waited a whole lease)."""
 
         def turned(leading: bool) -> None:
             self.health.beat("leader")
-            self.metrics.leader.set(1 if leading else 0)
 
         def started() -> None:
             self.metrics.leader_transitions.inc()
@@ -207,16 +213,24 @@ class Controller:
             self.lost_lease.set()
             self.queue.close()
 
-        self.elector.campaign(self.stop_event, on_turn=turned, on_started=started, on_lost=lost)
+        self._leader_thread = threading.current_thread()
+        self.elector.campaign(self.resign, on_turn=turned, on_started=started, on_lost=lost)
 
     def shutdown(self) -> None:
+        """Stop deciding and writing, save the histories while the Lease is still held, then have the leader
+        thread give the Lease up (or give it up here when no leader thread runs)."""
         self.stop_event.set()
         self.queue.close()
         self.actor.close()
         if self.elector.leading:
             self.histories.flush()
-        self.elector.release()
-        self.metrics.leader.set(0)
+        self.resign.set()
+        thread = self._leader_thread
+        if thread is not None and thread is not threading.current_thread():
+            # Its turn in progress ends within the renew deadline, its release in as long again.
+            thread.join(timeout=2 * self.options.renew_deadline)
+        else:
+            self.elector.release()
 
     @property
     def ready(self) -> bool:
@@ -513,23 +527,33 @@ class Controller:
         app stays taken from the queue (not decided again; a change meanwhile is decided after), and its
         releases count as in flight from now (expectations), so that the shared budgets stay exact for the
         apps decided meanwhile."""
-        releases: dict[AppKey, list[str]] = {}
+        releases: dict[AppKey, list[Release]] = {}
         for action in actions:
             if isinstance(action, Release):
-                releases.setdefault(action.app, []).append(action.pod.uid)
-        self.expectations.released((app, uid) for app, uids in releases.items() for uid in uids)
-        for app, uids in releases.items():
-            self._last_in_flight[app.namespace] += len(uids)
+                releases.setdefault(action.app, []).append(action)
+        self.expectations.released(r for rs in releases.values() for r in rs)
+        for app, rs in releases.items():
+            self._last_in_flight[app.namespace] += len(rs)
         for app, done in self.actor.submit(actions).items():
-            done.add_done_callback(functools.partial(self._done, app, releases.get(app, [])))
+            uids = [r.pod.uid for r in releases.get(app, [])]
+            done.add_done_callback(functools.partial(self._done, app, uids))
 
     def _done(self, app: AppKey, releases: list[str], done: Future[AppResult]) -> None:
+        """An app's actions are over (an actor thread): each release's answer to the expectations (an
+        unclear one stays counted until the watch says), the app back to the queue."""
         error = done.exception()
-        result = AppResult(ok=False) if error is not None else done.result()
-        if error is not None:
+        if error is not None:  # the actor's `_app` itself failed: which releases went out is not known
             log.error("the actions of %s failed: %r", app, error)
             self.metrics.decision_errors.inc()
-        self.expectations.failed(set(releases) - set(result.released))
+            result = AppResult(ok=False, unclear=releases)
+        else:
+            result = done.result()
+        answered = {*result.released, *result.unclear}
+        self.expectations.answered(
+            released=result.released,
+            unclear=result.unclear,
+            failed=[uid for uid in releases if uid not in answered],
+        )
         if not result.ok:
             with self.metrics.in_namespace(app.namespace):
                 self.metrics.write_failures.labels(app.namespace).inc()

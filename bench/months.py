@@ -54,6 +54,7 @@ from allocator.deletions import DATA_KEY, HISTORY_LABEL
 from allocator.loop import Controller, Options
 from allocator.metrics import AllocatorMetrics
 from kubesim.errors import STALE
+from sandbox.caps import CapChecker, Caps, state_of
 from sparkgate import contract
 from sparkgate.kube import Conflict, Invalid, NotFound, NotLeading
 from sparkgate.policy import Policy, load_policy
@@ -106,10 +107,6 @@ class Pod:
     def phase(self) -> str:
         return str(self.obj["status"]["phase"])
 
-    @property
-    def in_flight(self) -> bool:
-        return not self.gated and self.phase == "Pending" and "deletionTimestamp" not in self.obj["metadata"]
-
 
 @dataclass
 class App:
@@ -140,14 +137,18 @@ class Api:
         self.events_posted = 0
         self.apps: dict[str, App] = {}
         self.uid = 0
-        self.in_flight: Counter[str] = Counter()  # by app id, "ns:<namespace>" and "cluster"
-        self.violations: list[str] = []
+        # The cap invariant (sandbox/caps.py), at every pod change; a violation is dated in simulated time.
+        self.caps = CapChecker(Caps(PER_APP, PER_NS, CLUSTER))
         self.releases = 0
         self.writes: Counter[str] = Counter()
 
     # --- the watch ---------------------------------------------------------------------------------------
 
     def _emit_pod(self, kind: str, pod: Pod) -> None:
+        self.caps.phase = f"{self.now - EPOCH:.0f}s"
+        state = state_of(pod.obj)
+        if state is not None:
+            self.caps.change(pod.obj["metadata"]["uid"], None if kind == "DELETED" else state)
         role = pod.obj["metadata"]["labels"].get(contract.LABEL_ROLE)
         for cache in self.caches:
             if role == contract.ROLE_DRIVER:
@@ -211,19 +212,13 @@ class Api:
         self.uid += 1
         return f"uid-{self.uid}"
 
-    def _track(self, pod: Pod, before: bool) -> None:
-        after = pod.in_flight and pod.obj["metadata"]["labels"][contract.LABEL_ROLE] == "executor"
-        if before == after:
-            return
-        n = 1 if after else -1
-        for key in (pod.app.app_id, f"ns:{pod.app.namespace}", "cluster"):
-            self.in_flight[key] += n
+    @property
+    def violations(self) -> list[str]:
+        return self.caps.violations
 
     def change(self, pod: Pod, change: Callable[[Obj], None]) -> None:
-        before = pod.in_flight
         change(pod.obj)
         pod.obj["metadata"]["resourceVersion"] = str(self.uid)
-        self._track(pod, before)
         self._emit_pod("MODIFIED", pod)
 
     def create_pod(self, pod: Pod) -> None:
@@ -231,7 +226,6 @@ class Api:
         meta.update(uid=self._new_uid(), creationTimestamp=self.stamp())
         self.pods[(meta["namespace"], meta["name"])] = pod
         pod.app.pods[meta["name"]] = pod
-        self._track(pod, False)
         self._emit_pod("ADDED", pod)
 
     def remove_pod(self, pod: Pod) -> None:
@@ -239,9 +233,7 @@ class Api:
         if self.pods.pop((meta["namespace"], meta["name"]), None) is None:
             return
         pod.app.pods.pop(meta["name"], None)
-        before = pod.in_flight
         meta["deletionTimestamp"] = self.stamp()
-        self._track(pod, before)
         self._emit_pod("DELETED", pod)
 
     def terminate(self, pod: Pod, phase: str, reason: str, code: int) -> None:
@@ -278,12 +270,6 @@ class Api:
             raise Invalid(422, "Invalid", "the test operation failed")
         self.change(pod, lambda obj: obj["spec"].pop("schedulingGates"))
         self.releases += 1
-        app = pod.app
-        for key, limit in ((app.app_id, PER_APP), (f"ns:{app.namespace}", PER_NS), ("cluster", CLUSTER)):
-            if self.in_flight[key] > limit:
-                self.violations.append(
-                    f"{self.now - EPOCH:.0f}s: {key}: {self.in_flight[key]} in flight > {limit}"
-                )
         return pod.obj
 
     def delete(self, path: str, *, preconditions: Any = None, grace_period: int | None = None) -> Obj:
@@ -362,8 +348,8 @@ class Api:
             self.events_posted += 1
         return {}
 
-    def gated(self, leading: Callable[[], bool]) -> Gated:
-        return Gated(self, leading)
+    def gated(self, leading: Callable[[], bool], *, timeout: float) -> Gated:
+        return Gated(self, leading)  # answered at once: no request outlives the fence
 
 
 class Gated:
@@ -376,6 +362,9 @@ class Gated:
     def _write(self, what: str) -> None:
         if not self.leading():
             raise NotLeading(0, "NotLeading", f"{what} not sent: this replica does not lead")
+
+    def may_write(self) -> bool:
+        return self.leading()
 
     def patch(self, path: str, body: Any, content_type: str, *, shape: Any = None) -> Obj:
         self._write(f"PATCH {path}")

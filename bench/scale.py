@@ -88,6 +88,7 @@ from allocator.http import StatusServer
 from allocator.loop import Controller, Options
 from allocator.metrics import AllocatorMetrics
 from kubesim.errors import STALE
+from sandbox import caps
 from sparkgate import contract
 from sparkgate.json_patch import PatchError, apply_patch
 from sparkgate.kube import Conflict, Invalid, KubeError, NotFound, NotLeading, _event, decode
@@ -405,9 +406,7 @@ class Cluster:
         self.released: list[PodState] = []  # gate removed, not bound yet (the scheduler's queue)
         self.bound: list[PodState] = []  # bound at the previous turn, not started yet
         self.terminating: list[PodState] = []  # deletionTimestamp set, not gone yet
-        self.in_flight: Counter[str] = Counter()  # by app id, "ns:<namespace>" and "cluster"
-        self.limits = {"app": PER_APP, "ns": PER_NAMESPACE, "cluster": CLUSTER}
-        self.violations: list[str] = []
+        self.caps = caps.CapChecker(caps.Caps(PER_APP, PER_NAMESPACE, CLUSTER))  # at every executor change
         self.refused: Counter[str] = Counter()  # what the API server refused, by verb and reason
         self.refused_pods: list[str] = []  # the pods of the gate removals refused by their test
         self.writes: Counter[str] = Counter()
@@ -476,7 +475,21 @@ class Cluster:
                 stream.appended += 1
         return data
 
+    @property
+    def violations(self) -> list[str]:
+        return self.caps.violations
+
     def emit_pod(self, kind: str, pod: PodState) -> bytes:
+        """Under the lock: a pod's watch event, after the cap invariant has seen the change."""
+        if pod.executor:
+            state = caps.PodState(
+                pod.namespace,
+                pod.app_id,
+                any(g.get("name") == contract.GATE for g in pod.gates),
+                pod.node is not None,
+                pod.phase == "Pending" and pod.deleting is None,
+            )
+            self.caps.change(pod.uid, None if kind == "DELETED" else state)
         role = contract.ROLE_EXECUTOR if pod.executor else contract.ROLE_DRIVER
         labels = {contract.LABEL_ROLE: role, contract.LABEL_APP_ID: pod.app_id}
         data = self._emit("pods", pod.namespace, labels, lambda rv: self.render(kind, pod, rv))
@@ -601,13 +614,11 @@ class Cluster:
                     "patch",
                     Invalid(422, "Invalid", "the server rejected our request due to an error in our request"),
                 ) from None
-            before = pod.in_flight
             pod.gates = gates
             if not gates and pod.deleting is None:
                 pod.releases += 1
                 self.released.append(pod)
                 self.changed.notify_all()
-            self._track(pod, before)
             return self.emit_pod("MODIFIED", pod)  # the answer: the client decodes it (`Client.patch`)
 
     def delete(self, path: str, *, preconditions: Any = None, grace_period: int | None = None) -> Obj:
@@ -647,10 +658,8 @@ class Cluster:
         """Under the lock: the graceful deletion of kube-apiserver (see `delete`)."""
         if pod.deleting is not None:
             return
-        before = pod.in_flight
         pod.grace = 0 if pod.node is None or pod.phase in ("Succeeded", "Failed") else 30
         pod.deleting = stamp(time.time() + pod.grace)
-        self._track(pod, before)
         if pod.executor and pod.phase != "Running":
             self.unstarted -= 1
         self.emit_pod("MODIFIED", pod)
@@ -733,24 +742,13 @@ class Cluster:
                 return event
         raise NotFound(404, "NotFound", f"{method} {path}: not served by the stand-in")
 
-    def gated(self, leading: Callable[[], bool]) -> Client:
-        return Client(self, leading=leading)
+    def gated(self, leading: Callable[[], bool], *, timeout: float) -> Client:
+        return Client(self, leading=leading)  # answered at once: no request outlives the fence
 
     def limited(self, wait: Callable[[], object]) -> Client:
         return Client(self, wait=wait)
 
     # --- the scheduler and the kubelets -------------------------------------------------------------------
-
-    def _track(self, pod: PodState, before: bool) -> None:
-        """Under the lock: pods in flight by app, namespace and cluster; a release past a limit is recorded."""
-        after = pod.in_flight
-        if before == after:
-            return
-        n = 1 if after else -1
-        for scope, key in (("app", pod.app_id), ("ns", f"ns:{pod.namespace}"), ("cluster", "cluster")):
-            self.in_flight[key] += n
-            if self.in_flight[key] > self.limits[scope]:
-                self.violations.append(f"{key}: {self.in_flight[key]} in flight > {self.limits[scope]}")
 
     def react(self) -> None:
         """One turn of the scheduler and kubelets: the pods deleted at the previous turn are gone, those
@@ -761,10 +759,8 @@ class Cluster:
             self.terminating = []
             for pod in self.bound:
                 if pod.deleting is None:
-                    before = pod.in_flight
                     pod.phase = "Running"
                     self.unstarted -= 1
-                    self._track(pod, before)
                     self.emit_pod("MODIFIED", pod)
             self.bound = []
             for pod in self.released:
@@ -783,8 +779,9 @@ Served = TypeVar("Served")
 
 
 class Client:
-    """`Kube.gated` / `Kube.limited` for the stand-in: each write first waits for the budget, then asks
-    `leading()` and is not sent (NotLeading) when it is false, as sparkgate/kube.py does; reads go through."""
+    """`Kube.gated` / `Kube.limited` for the stand-in: each write asks `leading()` before and after it waits
+    for the budget and is not sent (NotLeading) when it is false, as sparkgate/kube.py does; reads go
+    through."""
 
     def __init__(
         self,
@@ -795,17 +792,21 @@ class Client:
     ) -> None:
         self.cluster, self.leading, self.wait = cluster, leading, wait
 
-    def gated(self, leading: Callable[[], bool]) -> Client:
+    def gated(self, leading: Callable[[], bool], *, timeout: float) -> Client:
         return Client(self.cluster, leading=leading, wait=self.wait)
 
     def limited(self, wait: Callable[[], object]) -> Client:
         return Client(self.cluster, leading=self.leading, wait=wait)
 
+    def may_write(self) -> bool:
+        return self.leading is None or self.leading()
+
     def _write(self, what: str) -> None:
-        if self.wait is not None:
-            self.wait()
-        if self.leading is not None and not self.leading():
-            raise NotLeading(0, "NotLeading", f"{what} not sent: this replica does not lead")
+        for waited in (False, True):  # asked before the budget (a lapsed replica spends no token) and after
+            if not self.may_write():
+                raise NotLeading(0, "NotLeading", f"{what} not sent: this replica does not lead")
+            if self.wait is not None and not waited:
+                self.wait()
 
     def _served(self, call: Callable[..., Served], *args: Any, **kwargs: Any) -> Served:
         """The stand-in API server answering in the caller's (an allocator) thread: its CPU is the server's."""

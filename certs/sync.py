@@ -308,7 +308,7 @@ def certs_task(
         retry_period=retry_period,
     )
     reported: set[str] = set()  # touched by the task's thread only
-    leader_kube = kube.gated(lambda: elector.leading)
+    leader_kube = elector.gate(kube)
     return LeaderTask(
         "certs",
         interval,

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from .apply import manager_of
 from .errors import ApiError, UserInfo, bad_request
 from .faults import WRITES, Faults, LoggedRequest, RequestLog
 from .impersonation import PlainTextError, impersonate
@@ -160,7 +161,7 @@ class _Handler(BaseHTTPRequestHandler):
     wbufsize = 1 << 16
     _raw_body = b""
     _logged = False
-    _record: Callable[[int, int], None]
+    _record: Callable[..., None]  # (code, resource_version=0, lost_as=None): the request logged once
 
     def log_message(self, format: str, *args: Any) -> None:
         return
@@ -193,6 +194,23 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(key, value)
         self.end_headers()
         self.wfile.write(body)
+
+    def _lose(self, code: int, document: Any, answer: int) -> None:
+        """A write applied whose answer is lost (Faults.lose): logged as applied, and the client gets
+        `answer` instead: nothing (0: the connection closed), or the error a proxy or kube-apiserver's
+        timeout filter gives."""
+        rv = ((document.get("metadata") or {}) if isinstance(document, dict) else {}).get("resourceVersion")
+        self._record(code, int(rv) if isinstance(rv, str) and rv.isdecimal() else 0, answer)
+        if answer == 0:
+            self.close_connection = True
+        elif answer == 502:
+            self._send_text(502, "Bad Gateway")  # a proxy's own page, not a Status
+        elif answer == 504:  # filters/timeout.go: NewTimeoutError("request did not complete ...", 0)
+            message = "Timeout: request did not complete within the allotted timeout"
+            self._send(504, ApiError(504, "Timeout", message).status())
+        else:
+            message = "Internal error occurred: kubesim: the answer was lost after the write was applied"
+            self._send(500, ApiError(500, "InternalError", message).status())
 
     def _send_text(self, code: int, text: str) -> None:
         """Go's http.Error: a plain-text answer, not a Status."""
@@ -235,7 +253,7 @@ class _Handler(BaseHTTPRequestHandler):
         verb = _verb(method, route, query)
         self._logged = False
 
-        def record(code: int, resource_version: int = 0) -> None:
+        def record(code: int, resource_version: int = 0, lost_as: int | None = None) -> None:
             # Logged before the response goes out, so a client that got its answer finds its entry.
             if not self._logged:
                 self._logged = True
@@ -254,6 +272,7 @@ class _Handler(BaseHTTPRequestHandler):
                         requestor.pod if requestor else "",
                         resource_version if verb in WRITES and 200 <= code < 300 else 0,
                         user.username if user is not requestor and user else "",
+                        lost_as,
                     )
                 )
 
@@ -280,7 +299,13 @@ class _Handler(BaseHTTPRequestHandler):
             if verb == "watch":
                 self._watch(route, query)
                 return
-            self._send(*self._dispatch(method, verb, route, query, user))
+            code, document = self._dispatch(method, verb, route, query, user)
+            if verb in WRITES and 200 <= code < 300:
+                lost = self.api.faults.lost(verb, route.audited, route.namespace)
+                if lost is not None:
+                    self._lose(code, document, lost)
+                    return
+            self._send(code, document)
         except _Injected as e:
             code = e.code
             reason = {
@@ -405,8 +430,11 @@ class _Handler(BaseHTTPRequestHandler):
                 "code": 201,
             }
         dry = _dry_run(query)
+        manager = manager_of(query.get("fieldManager", ""), self.headers.get("User-Agent", ""))
         if verb == "create":
-            return 201, store.create(route.resource, body, namespace=route.namespace, user=user, dry_run=dry)
+            return 201, store.create(
+                route.resource, body, namespace=route.namespace, user=user, dry_run=dry, manager=manager
+            )
         if verb == "update":
             assert route.name is not None
             return 200, store.replace(
@@ -417,6 +445,7 @@ class _Handler(BaseHTTPRequestHandler):
                 subresource=route.subresource,
                 user=user,
                 dry_run=dry,
+                manager=manager,
             )
         if verb == "patch":
             assert route.name is not None
@@ -449,6 +478,7 @@ class _Handler(BaseHTTPRequestHandler):
                 subresource=route.subresource,
                 user=user,
                 dry_run=dry,
+                manager=manager,
             )
         if verb == "delete":
             assert route.name is not None

@@ -20,12 +20,23 @@ typed/tofieldset.go, fieldpath/serialize.go):
   the apply removes leaves every other manager's set.
 - Pods ignore `status` in an applied configuration (the pod strategy's reset fields on the main resource).
 
-Simplified here (said so rather than guessed): only Apply operations are tracked. kube-apiserver also records
-an `operation: Update` entry for every create, update and patch (manager from `fieldManager` or the
-User-Agent); kubesim does not, so fields written by those requests have no manager, never conflict with an
-apply, and are not protected from an applier's pruning. Atomic structs (`x-kubernetes-map-type: atomic`,
-e.g. a LabelSelector) are merged like maps; an applied `null` removes the field. Field sets are held as sets
-of paths (tuples of FieldsV1 keys such as `f:spec`, `k:{"name":"c"}`, `v:"x"`) and written as FieldsV1.
+- Every create, update and patch records an `operation: Update` entry (`update`), as kube-apiserver's
+  handlers do before admission (create.go, update.go, patch.go: `FieldManager.UpdateNoErrors`, the manager
+  from `fieldManager`, else the User-Agent up to its first "/": `managerOrUserAgent`): the fields the
+  request added or changed become its manager's (one entry per manager, API version and subresource), every
+  other manager loses them and every manager loses the fields it removed (merge/update.go `Updater.update`
+  with force, managedfields' managedFieldsUpdater: the entry's time moves only when it changed a field).
+  So a field a POST created is co-owned by its creator: an applier that stops applying it does not prune it,
+  and an apply that changes it without `force` conflicts.
+
+Simplified here (said so rather than guessed): a manager's set holds leaves and elements of associative
+lists, as an Apply's does; SMD also records a map or list that the update brought into being (`.` under
+`f:labels` of a new labels map; which ones depends on Go's zero value of each type), which kubesim leaves
+out. The cap of ten Update entries (CapManagersManager's "ancient-changes") is not copied. The fields a
+subresource may not change (the strategy's reset fields) are modelled for pods: their main resource owns no
+`status`, their `status` subresource only `status`. Atomic structs (`x-kubernetes-map-type: atomic`, e.g. a
+LabelSelector) are merged like maps; an applied `null` removes the field. Field sets are held as sets of
+paths (tuples of FieldsV1 keys such as `f:spec`, `k:{"name":"c"}`, `v:"x"`) and written as FieldsV1.
 
 Pure functions of their arguments; no state.
 """
@@ -243,15 +254,19 @@ def _remove(obj: Any, paths: set[Path], field: str = "") -> Any:
 
 
 def to_fields_v1(paths: set[Path]) -> Obj:
-    """fieldpath/serialize.go: nested FieldsV1; "." marks a path that is itself a member."""
+    """fieldpath/serialize.go: nested FieldsV1; "." marks a path that is itself a member (first, as there)."""
     root: Obj = {}
-    for path in sorted(paths):
+    members = []
+    for path in sorted(paths):  # a path before its extensions
         node = root
-        for i, key in enumerate(path):
-            child = node.setdefault(key, {})
-            if i == len(path) - 1 and any(len(p) > len(path) and p[: len(path)] == path for p in paths):
-                child["."] = {}
-            node = child
+        for key in path:
+            node = node.setdefault(key, {})
+        if path:
+            node["."] = {}
+            members.append(node)
+    for node in members:
+        if len(node) == 1:  # a member with nothing below it is a leaf: no marker
+            del node["."]
     return root
 
 
@@ -282,6 +297,132 @@ def _describe(key: str) -> str:
 
 def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
+
+
+# --- the Update operations -------------------------------------------------------------------------------
+
+
+def manager_of(field_manager: str, user_agent: str) -> str:
+    """handlers/create.go `managerOrUserAgent`: the request's fieldManager, else its User-Agent up to the
+    first "/", printable characters only, at most 128 bytes (validation.FieldManagerMaxLength)."""
+    if field_manager:
+        return field_manager
+    printable = "".join(c for c in user_agent.split("/")[0] if c.isprintable())
+    return printable.encode()[:128].decode(errors="ignore")
+
+
+def update(
+    live: Obj | None, new: Obj, manager: str, *, kind: str, api_version: str, now: str, subresource: str = ""
+) -> Obj:
+    """`new` (what a create, update or patch will store; `live` None for a create) with its managedFields
+    brought up to date for `manager`'s Update operation (module docstring). The managers are the request's own
+    managedFields when it carries some (a client may set them), else the live object's."""
+    given = (new.get("metadata") or {}).get("managedFields")
+    managers = _managers(new if given and not subresource else live)
+    added, removed, modified = _compare(_owned(live or {}, kind, subresource), _owned(new, kind, subresource))
+    changed = added | modified
+    key = (manager, "Update", api_version, subresource)
+    mine = next((m for m in managers if _key(m) == key), None)
+    result = []
+    for m in managers:
+        m.fields -= removed
+        if m is not mine:
+            m.fields -= changed
+        if m is mine:
+            m.fields |= changed
+            if changed:
+                m.entry["time"] = now
+        if m.fields:
+            result.append(m)
+    if mine is None and changed:
+        entry: Obj = {"manager": manager, "operation": "Update", "apiVersion": api_version, "time": now}
+        if subresource:
+            entry["subresource"] = subresource
+        entry["fieldsType"] = "FieldsV1"
+        result.append(_Manager(entry, changed))
+    out = dict(new)
+    meta = out["metadata"] = dict(new.get("metadata") or {})
+    result.sort(key=lambda m: (str(m.entry.get("operation")), str(m.entry.get("time")), m.name))
+    meta["managedFields"] = [{**m.entry, "fieldsV1": to_fields_v1(m.fields)} for m in result]
+    if not meta["managedFields"]:
+        del meta["managedFields"]
+    return out
+
+
+def _key(m: _Manager) -> tuple[str, str, str, str]:
+    e = m.entry
+    return (m.name, str(e.get("operation")), str(e.get("apiVersion", "")), str(e.get("subresource", "")))
+
+
+def _owned(obj: Obj, kind: str, subresource: str) -> Obj:
+    """What a manager of this request can own: the status subresource only `status`."""
+    if subresource == "status":
+        return {"status": obj["status"]} if "status" in obj else {}
+    return _stripped(obj, kind)
+
+
+def _compare(old: Any, new: Any) -> tuple[set[Path], set[Path], set[Path]]:
+    """typed/compare.go over the leaves and list elements of two objects: (added, removed, modified). Walks
+    only where they differ (a status update of a pod compares its status)."""
+    added: set[Path] = set()
+    removed: set[Path] = set()
+    modified: set[Path] = set()
+    _diff(old, new, (), "", added, removed, modified)
+    return added, removed, modified
+
+
+_ABSENT: Any = object()
+
+
+def _diff(
+    old: Any, new: Any, prefix: Path, field: str, added: set[Path], removed: set[Path], modified: set[Path]
+) -> None:
+    if old is not _ABSENT and new is not _ABSENT and old == new:
+        return
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in old.keys() | new.keys():
+            _diff(
+                old.get(key, _ABSENT),
+                new.get(key, _ABSENT),
+                (*prefix, f"f:{key}"),
+                key,
+                added,
+                removed,
+                modified,
+            )
+        return
+    listed = field in LIST_KEYS or field in SETS
+    if listed and isinstance(old, list) and isinstance(new, list):
+        before, after = _index(old, field), _index(new, field)
+        for key in before.keys() | after.keys():
+            path = (*prefix, key)
+            if key not in after:
+                removed.update(_paths(before[key], path, field))
+            elif key not in before:
+                added.update(_paths(after[key], path, field))
+            elif field not in SETS:
+                _diff(before[key], after[key], path, "", added, removed, modified)
+        return
+    if old is _ABSENT:
+        added.update(_paths(new, prefix, field))
+    elif new is _ABSENT:
+        removed.update(_paths(old, prefix, field))
+    elif (
+        isinstance(old, dict)
+        or isinstance(new, dict)
+        or (listed and (isinstance(old, list) or isinstance(new, list)))
+    ):
+        removed.update(_paths(old, prefix, field))  # a leaf became a map, or the other way round
+        added.update(_paths(new, prefix, field))
+    else:
+        modified.add(prefix)
+
+
+def _paths(value: Any, prefix: Path, field: str) -> set[Path]:
+    """The leaves and list elements of a whole value at `prefix` (one path for a scalar)."""
+    out: dict[Path, Any] = {}
+    _leaves(value, prefix, field, out)
+    return set(out)
 
 
 # --- the apply ------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""What tests inject into kubesim's API server (errors, latency, dropped watches, a hang) and what they read
-back (the log of every request: who made it and, for a write, where it stands in the store's commit order).
+"""What tests inject into kubesim's API server (errors, latency, dropped watches, a hang, answers lost after
+the write was applied) and what they read back (the log of every request: who made it and, for a write,
+where it stands in the store's commit order, and whether its answer was lost).
 
 Thread-safe: one leaf lock each for the rules and the log; the API server's request threads consult and
 append, the test's thread injects and reads.
@@ -43,6 +44,32 @@ class Injected:
     retry_after: int | None
 
 
+@dataclass
+class _Loss:
+    verb: str
+    resource: str
+    namespace: str | None
+    answer: int  # what the client gets instead: 0 (the connection dropped), 500, 502 or 504
+    one_in: int  # every one_in-th matching write loses its answer
+    remaining: int | None  # answers still to lose (None: no end)
+    seen: int = 0
+
+    def takes(self, verb: str, resource: str, namespace: str | None) -> bool:
+        """Counts a matching write; True when it is the one whose answer is lost."""
+        if not (_matches(self.verb, verb) and _matches(self.resource, resource)):
+            return False
+        if self.namespace is not None and self.namespace != namespace:
+            return False
+        if self.remaining is not None and self.remaining <= 0:
+            return False
+        self.seen += 1
+        if self.seen % self.one_in:
+            return False
+        if self.remaining is not None:
+            self.remaining -= 1
+        return True
+
+
 class Faults:
     """verb: get|list|watch|create|update|patch|delete|deletecollection; resource: plural or `pods/binding`."""
 
@@ -55,6 +82,7 @@ class Faults:
         self._hangs: list[_Rule] = []
         self._resumed = threading.Event()
         self._holding = 0
+        self._losses: list[_Loss] = []
 
     def fail(
         self,
@@ -74,6 +102,39 @@ class Faults:
     def delay(self, verb: str, resource: str, seconds: float, *, count: int | None = None) -> None:
         with self._lock:
             self._delays.append(_Rule(verb, resource, None, seconds=seconds, remaining=count))
+
+    def lose(
+        self,
+        verb: str,
+        resource: str,
+        *,
+        answer: int = 0,
+        one_in: int = 1,
+        count: int | None = None,
+        namespace: str | None = None,
+    ) -> None:
+        """From now, every `one_in`-th matching write that the API server applies (committed, its watch event
+        sent) loses its answer, `count` times (None: for good): the client gets `answer` instead of the
+        object. 0: the connection is closed with no answer at all, as when the API server or a proxy between
+        dies or resets it after the commit; 504: kube-apiserver's own answer when the handler overran the
+        request timeout while the write went on (staging/src/k8s.io/apiserver/pkg/server/filters/timeout.go,
+        `apierrors.NewTimeoutError(..., 0)`: no Retry-After, "Clients may retry, but the operation may still
+        complete"), or a proxy's; 500 and 502: a proxy that lost the upstream's answer. A write that fails
+        (a 4xx, an injected error) answers as it would."""
+        if answer not in (0, 500, 502, 504):
+            raise ValueError(f"a lost answer is 0 (none), 500, 502 or 504, not {answer}")
+        if one_in < 1:
+            raise ValueError(f"one_in: at least 1, not {one_in}")
+        with self._lock:
+            self._losses.append(_Loss(verb, resource, namespace, answer, one_in, count))
+
+    def lost(self, verb: str, resource: str, namespace: str | None) -> int | None:
+        """Called by the API server once a write was applied: the answer to give instead (0: none), or None."""
+        with self._lock:
+            for loss in self._losses:
+                if loss.takes(verb, resource, namespace):
+                    return loss.answer
+            return None
 
     def hang(self, verb: str = "*", resource: str = "*") -> None:
         """From now until `resume()`, matching requests get no answer: they hang (the connection stays
@@ -149,6 +210,7 @@ class Faults:
             ]
             self._delays.clear()
             self._hangs.clear()
+            self._losses.clear()
             self._resumed.set()
 
     def consult(self, verb: str, resource: str, namespace: str | None) -> tuple[float, Injected | None]:
@@ -178,7 +240,9 @@ class LoggedRequest:
     is bound to (`authentication.kubernetes.io/pod-name`), "" for other users. `resource_version`: for a
     write that went through, the resourceVersion the store committed it at (the object's, in the answer),
     so writes are ordered exactly as applied, whatever the threads' timing; 0 otherwise. `user` is who
-    authenticated (audit's `user`), `impersonated` whom it acted as (audit's `impersonatedUser`), "" if no one."""
+    authenticated (audit's `user`), `impersonated` whom it acted as (audit's `impersonatedUser`), "" if no one.
+    `lost_as`: for a write applied whose answer was lost (`Faults.lose`), what the client got instead (0: no
+    answer); `code` is then what the API server did."""
 
     time: float
     user: str
@@ -193,6 +257,7 @@ class LoggedRequest:
     pod: str = field(default="")
     resource_version: int = field(default=0)
     impersonated: str = field(default="")
+    lost_as: int | None = field(default=None)
 
     @property
     def identity(self) -> str:

@@ -59,6 +59,9 @@ Key = tuple[str, str]  # (namespace or "", name)
 # registry/store.go: a create with generateName is tried this many times with a new name each
 # (the RetryGenerateName feature, on by default since 1.32 and locked on since).
 MAX_NAME_GENERATION_CREATE_ATTEMPTS = 8
+# The field manager of the writes kubesim's own parts make in process (its kubelets, scheduler, set-up), which
+# stand for API clients: their Update entries (apply.py `update`) carry this name.
+IN_PROCESS = "kubesim"
 
 
 @dataclass(frozen=True)
@@ -435,7 +438,9 @@ class Store:
         namespace: str | None = None,
         user: UserInfo | None = None,
         dry_run: bool = False,
+        manager: str | None = IN_PROCESS,
     ) -> Obj:
+        """`manager`: the Update entry's (apply.py `update`); None: none (an apply's create records its own)."""
         r = self._resource(resource)
         if not isinstance(obj, dict):
             raise bad_request("the body is not an object")
@@ -459,6 +464,10 @@ class Store:
             obj.setdefault("preemptionPolicy", "PreemptLowerPriority")  # scheduling/v1 defaulting
         with self._lock:  # NamespaceLifecycle, the first plugin: before any other admission
             self._check_namespace(r, meta.get("namespace", ""), meta.get("name", ""))
+        if manager is not None:  # handlers/create.go: the field manager before mutating admission
+            obj = apply_.update(
+                None, obj, manager, kind=r.kind, api_version=r.api_version, now=now_rfc3339(self.clock)
+            )
         request, admitted = self._admit("CREATE", resource, obj, None, user, dry_run)
         given, ns = meta.get("name"), meta.get("namespace", "")
         obj = admitted if admitted is not None else obj
@@ -559,6 +568,7 @@ class Store:
         subresource: str = "",
         user: UserInfo | None = None,
         dry_run: bool = False,
+        manager: str = IN_PROCESS,
     ) -> Obj:
         """PUT: a stale metadata.resourceVersion is a 409 Conflict."""
         if not isinstance(obj, dict):
@@ -573,6 +583,7 @@ class Store:
             user,
             wanted_rv,
             dry_run,
+            manager,
         )
 
     def patch(
@@ -586,6 +597,7 @@ class Store:
         subresource: str = "",
         user: UserInfo | None = None,
         dry_run: bool = False,
+        manager: str = IN_PROCESS,
     ) -> Obj:
         kind = content_type.split(";")[0].strip()
 
@@ -615,7 +627,7 @@ class Store:
                 f"the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml (got {kind})",
             )
 
-        return self._update(resource, namespace, name, patched, subresource, user, None, dry_run)
+        return self._update(resource, namespace, name, patched, subresource, user, None, dry_run, manager)
 
     def apply(
         self,
@@ -643,10 +655,10 @@ class Store:
             with self._lock:
                 exists = key in self._objects[resource]
             if exists:
-                return self._update(resource, namespace, name, applied, "", user, None, dry_run), False
+                return self._update(resource, namespace, name, applied, "", user, None, dry_run, None), False
             try:
                 return self.create(
-                    resource, applied(None), namespace=namespace, user=user, dry_run=dry_run
+                    resource, applied(None), namespace=namespace, user=user, dry_run=dry_run, manager=None
                 ), True
             except ApiError as e:
                 if e.reason != "AlreadyExists":
@@ -662,6 +674,7 @@ class Store:
         user: UserInfo | None,
         wanted_rv: str | None,
         dry_run: bool = False,
+        manager: str | None = IN_PROCESS,
     ) -> Obj:
         r = self._resource(resource)
         key = (namespace or "" if r.namespaced else "", name)
@@ -695,6 +708,17 @@ class Store:
                     del new["status"]
             if resource == "provisioningrequests":
                 provreq.validate(new, current)
+            if manager is not None:  # handlers/update.go, patch.go: the field manager before admission
+                now = now_rfc3339(self.clock)
+                new = apply_.update(
+                    current,
+                    new,
+                    manager,
+                    kind=r.kind,
+                    api_version=r.api_version,
+                    now=now,
+                    subresource=subresource,
+                )
             request = None
             if not subresource:
                 request, admitted = self._admit("UPDATE", resource, new, current, user, dry_run)

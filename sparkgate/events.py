@@ -24,7 +24,10 @@ admitted without sparkgate, a profile the API server refuses) is one Event objec
 
 Unlike client-go, a failed write is not retried (an Event is best effort and the callers are the
 allocator's actor threads and the probe, which must not wait 10 s between tries): it is logged and the
-next report of the series tries again. Time comes from the injected clock. Thread safety: the caches are
+next report of the series tries again; a create whose answer was lost is patched by that report (404:
+created then). A recorder whose client is the leader's (`Kube.gated`) records nothing once leadership has
+lapsed: no request, no token of the spam filter or of the client's budget, no warning per report (the next
+leader reports what still holds). Time comes from the injected clock. Thread safety: the caches are
 owned by the recorder and guarded by its lock, held for bookkeeping only, never during a request.
 """
 
@@ -40,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from sparkgate import contract
-from sparkgate.kube import Kube, KubeError, NotFound
+from sparkgate.kube import Kube, KubeError, NotFound, NotLeading
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +166,9 @@ class EventRecorder:
     ) -> bool:
         """Report an event about `involved` (an ObjectReference with namespace and name, uid when known).
         `count`: the occurrences the caller counted itself (None: one more). True when a request was sent
-        and went through."""
+        and went through; False, quietly, when this replica may not write (its leadership lapsed)."""
+        if not self.kube.may_write():
+            return False
         message = message[:MESSAGE_MAX]
         target = _object_key(involved)
         key = (*target, type, reason, message if series is None else series)
@@ -212,9 +217,10 @@ class EventRecorder:
             self.kube.request("POST", f"/api/v1/namespaces/{namespace}/events", body=body, retry=False)
             return True
         except KubeError as e:
-            log.warning(
-                "event %s on %s/%s not recorded: %s", reason, involved["namespace"], involved["name"], e
-            )
+            if isinstance(e, NotLeading):  # lapsed while this report was on its way: no warning
+                log.debug("event %s on %s/%s not recorded: %s", reason, namespace, involved["name"], e)
+            else:
+                log.warning("event %s on %s/%s not recorded: %s", reason, namespace, involved["name"], e)
             with self._lock:
                 observed.written = False  # the next report of the series writes it
             return False

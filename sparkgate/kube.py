@@ -4,13 +4,34 @@ one `Reflector` (list, then watch, forever) every watch of sparkgate runs on.
 The generated models of the official client cost ~0.5 ms per pod to deserialize, and its Watch has a
 hidden retry loop that resends stale resourceVersions (docs/architecture.md, "Decisions"), so sparkgate uses the client only for what it does well: configuration,
 authentication (including the in-cluster token refresh) and its urllib3 connection pool. Requests are built
-as paths and dicts here; bodies are JSON. 429, 5xx and connection errors are retried with exponential
-backoff and jitter (honouring Retry-After); 409 and 422 are never retried: they mean "re-read and
-re-decide", so they surface as `Conflict` and `Invalid`. A client made for the leader's writes (`gated`)
-checks leadership before every write attempt, retries included, and refuses with `NotLeading` instead of
-sending once it has lapsed (sparkgate/leader.py). A `limited` copy waits for a client-side budget (sparkgate/ratelimit.py)
-before each attempt; a copy can be both (`kube.gated(leading).limited(wait)`): the budget is waited for
-first, then leadership is asked, so a lapse during the wait is caught.
+as paths and dicts here; bodies are JSON. 409 and 422 are never retried: they mean "re-read and re-decide",
+so they surface as `Conflict` and `Invalid`.
+
+Retries (exponential backoff with full jitter, Retry-After honoured), by what the failed attempt may have
+done (docs/architecture.md, "A write is retried only where a repeat is safe"):
+- not done: a 429 (kube-apiserver's flow control refuses before any handler runs), a 5xx that carries
+  Retry-After (the API server says the request may be sent again: client-go's `checkWait`, which retries
+  every verb on it and on nothing else), a connection that was never made. Retried, reads and writes alike.
+- maybe done: no answer once the request was sent (a reset, a timeout), or a 5xx without Retry-After (a
+  proxy's 502 or 504, the API server's own 504 when its handler overran the request timeout, a 500): a write
+  may have been applied. A read is retried. A write is retried only when a repeat is safe
+  (`repeat_is_safe`): the API server refuses a repeat of one that landed (a PUT with a resourceVersion, a
+  DELETE with a precondition, a POST of a named object, a JSON Patch that tests what it changes) or the repeat
+  changes nothing (server-side apply, a dry run). Any other write is not repeated: client-go retries no
+  write on an unanswered request either (rest/request.go `request`: "We are not automatically retrying
+  write operations, as they are not idempotent").
+An error raised for a write that some attempt may have applied carries `maybe_applied`: a 422 of a test, a
+409 or a 404 that follows a lost answer may be the write's own doing, and the caller keeps the outcome open
+until its watch shows it (allocator/expectations.py), rather than reading it as a refusal.
+
+A client made for the leader's writes (`gated`) checks leadership before every write attempt, retries
+included, and refuses with `NotLeading` instead of sending once it has lapsed (sparkgate/leader.py). Each of
+its writes (dry runs apart: they store nothing) also carries the fence's timeout, on the client and, as
+the `timeout` parameter, on the API server, which cancels the request's handler at it (request_deadline.go):
+a write sent within the renew deadline is over before a new leader may write. A `limited` copy waits for a
+client-side budget (sparkgate/ratelimit.py) before each attempt; a copy can be both
+(`kube.gated(leading, timeout=...).limited(wait)`): leadership is asked before the budget is waited for (a
+lapsed replica spends no token) and again after it (a lapse during the wait is caught).
 
 Threading: a `Kube` is shared by every thread (urllib3's pool is thread-safe; its own fields never change
 after construction but `_auth`, the cached authentication headers, which any thread replaces whole). A
@@ -48,6 +69,12 @@ RequestHook = Callable[[str, str, int], None]  # (verb, resource path template, 
 
 
 class KubeError(Exception):
+    """A request that failed. `maybe_applied`: the request was a write and an attempt of it got no answer or
+    a 5xx, so it may have been applied whatever this error says (a 422 of a JSON Patch's test, a 409, a 404
+    that follows such an attempt may be the write's own doing)."""
+
+    maybe_applied = False
+
     def __init__(self, status: int, reason: str, message: str) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
@@ -72,7 +99,7 @@ class Gone(KubeError):
 
 
 class Unavailable(KubeError):
-    """Retries exhausted on 429/5xx or connection errors."""
+    """429, 5xx or no answer, after the retries the request allowed."""
 
 
 class NotLeading(KubeError):
@@ -135,6 +162,48 @@ def _is_collection(path: str) -> bool:
     if body[:1] == ["namespaces"] and len(body) >= 3:
         body = body[2:]
     return len(body) == 1
+
+
+_CHANGING_OPS = (
+    "remove",
+    "replace",
+)  # JSON Patch operations after which a repeat's test of the same value fails
+
+
+def repeat_is_safe(method: str, query: Mapping[str, Any] | None, body: Any, content_type: str | None) -> bool:
+    """Whether sending a request again can do no harm whatever became of an attempt whose answer was lost:
+    a read or a dry run (nothing is stored); a write the API server refuses to repeat once it has landed: a
+    PUT that carries the resourceVersion it replaces (409), a DELETE with a precondition (404, or 409 for a
+    new object of the same name), a POST of a named object (409 AlreadyExists), a JSON Patch whose first
+    operation tests a value that a later one removes or replaces (422: sparkgate's gate removal); or a write
+    whose repeat changes nothing: a server-side apply. Not a POST with generateName (a second object), an
+    unconditional PUT, a merge or strategic patch, a DELETE by name alone (a repeat could overwrite or delete
+    what another writer made in between)."""
+    if method == "GET" or _dry_run(query):
+        return True
+    meta = (body.get("metadata") or {}) if isinstance(body, dict) else {}
+    kind = (content_type or "").split(";")[0].strip()
+    if method == "PUT":
+        return bool(meta.get("resourceVersion"))
+    if method == "POST":
+        return bool(meta.get("name"))
+    if method == "DELETE":
+        return bool(isinstance(body, dict) and body.get("preconditions"))
+    if method == "PATCH" and kind == "application/apply-patch+yaml":
+        return True
+    if method == "PATCH" and kind == "application/json-patch+json" and isinstance(body, list) and body:
+        tested = (
+            str(body[0].get("path")) if isinstance(body[0], dict) and body[0].get("op") == "test" else None
+        )
+        changed = [
+            str(op.get("path")) for op in body[1:] if isinstance(op, dict) and op.get("op") in _CHANGING_OPS
+        ]
+        return tested is not None and any(tested == p or tested.startswith(f"{p}/") for p in changed)
+    return False
+
+
+def _dry_run(query: Mapping[str, Any] | None) -> bool:
+    return query is not None and query.get("dryRun") is not None
 
 
 def resource_of(path: str) -> str:
@@ -250,15 +319,24 @@ class Kube:
         self._sleep = sleep
         self._rand = rand
         self._gate: Callable[[], bool] | None = None
+        self._fence: float | None = None  # the gated writes' timeout (`gated`)
         self._monotonic = monotonic
         self._auth: tuple[float, dict[str, str]] | None = None  # (when computed, the headers)
 
-    def gated(self, leading: Callable[[], bool]) -> Kube:
+    def gated(self, leading: Callable[[], bool], *, timeout: float) -> Kube:
         """This client for writes only the leader may make: every write attempt (each retry too) first asks
-        `leading()` and raises NotLeading instead of sending when it is false. Reads are not gated."""
+        `leading()` and raises NotLeading instead of sending when it is false, and is over within `timeout`
+        seconds, on the client and on the API server (its `timeout` parameter) alike, so that no write of a
+        replica whose leadership lapsed can land after a new leader's first (sparkgate/leader.py
+        `LeaderElector.gate` works it out). A dry run stores nothing: it keeps the client's timeout. Reads
+        are not gated."""
         clone = copy.copy(self)
-        clone._gate = leading
+        clone._gate, clone._fence = leading, timeout
         return clone
+
+    def may_write(self) -> bool:
+        """False when this client is gated and the replica does not lead (a write would not be sent)."""
+        return self._gate is None or self._gate()
 
     @classmethod
     def from_kubeconfig(
@@ -337,19 +415,25 @@ class Kube:
         timeout: float | None = None,
         shape: Any = None,
     ) -> Any:
-        """The decoded JSON answer; KubeError subclasses on failure (after retries for transient ones).
-        `timeout`: of each attempt, in seconds (default: the client's). `shape`: decode only these fields
-        of the answer (`decode`)."""
+        """The decoded JSON answer; KubeError subclasses on failure (after the retries the module docstring
+        describes). `retry=False`: one attempt whatever happens. `timeout`: of each attempt, in seconds
+        (default: the client's, or a gated write's fence). `shape`: decode only these fields of the answer
+        (`decode`)."""
         verb = _verb(method, query, path)
         resource = resource_of(path)
-        attempt = 0
+        write = method != "GET"
+        repeatable = not write or repeat_is_safe(method, query, body, content_type)
+        if write and self._fence is not None and not _dry_run(query):
+            timeout = min(timeout or self.timeout, self._fence)
+            query = {**(query or {}), "timeout": f"{timeout:g}s"}  # client-go's Request.Timeout sends it too
+        attempt, maybe_applied = 0, False
         while True:
             attempt += 1
-            status, retry_after = 0, None
+            status, retry_after, sent = 0, None, True
+            self._check_gate(write, method, path, maybe_applied)  # a lapsed replica spends no token
             if self.limiter is not None:
                 self.limiter()
-            if self._gate is not None and method != "GET" and not self._gate():
-                raise NotLeading(0, "NotLeading", f"{method} {path} not sent: this replica does not lead")
+                self._check_gate(write, method, path, maybe_applied)
             try:
                 response = self._send(method, path, query, body, content_type, timeout)
                 status = response.status
@@ -362,16 +446,36 @@ class Kube:
                     self._auth = None
                 header = response.getheader("Retry-After")
                 retry_after = float(header) if header and header.isdigit() else None
-            except (urllib3.exceptions.HTTPError, OSError) as e:
-                error = Unavailable(0, "ConnectionError", str(e))
+            except urllib3.exceptions.ConnectTimeoutError as e:  # no connection: nothing was sent
+                status, sent, error = 0, False, Unavailable(0, "ConnectionError", str(e))
+            except (urllib3.exceptions.HTTPError, OSError) as e:  # sent; the answer (or its body) lost
+                status, error = 0, Unavailable(0, "ConnectionError", str(e))
             self._count(verb, resource, status)
-            if not retry or (status and status not in _RETRIABLE) or attempt >= self.max_attempts:
-                if isinstance(error, KubeError) and status in _RETRIABLE | {0}:
-                    raise Unavailable(error.status, error.reason, error.message)
+            unknown = sent and (status == 0 or status >= 500)  # a write may have been applied
+            maybe_applied |= write and unknown
+            again = (
+                retry
+                and attempt < self.max_attempts
+                and (
+                    (status == 0 and (repeatable or not sent))
+                    or status == 429
+                    or (status in _RETRIABLE and (repeatable or retry_after is not None))
+                )
+            )
+            if not again:
+                if status in _RETRIABLE or status == 0:
+                    error = Unavailable(error.status, error.reason, error.message)
+                error.maybe_applied = maybe_applied
                 raise error
             delay = retry_after if retry_after is not None else self.backoff(attempt)
             log.warning("%s %s failed (%s); retrying in %.2fs", method, path, error, delay)
             self._sleep(delay)
+
+    def _check_gate(self, write: bool, method: str, path: str, maybe_applied: bool) -> None:
+        if write and self._gate is not None and not self._gate():
+            error = NotLeading(0, "NotLeading", f"{method} {path} not sent: this replica does not lead")
+            error.maybe_applied = maybe_applied
+            raise error
 
     def backoff(self, attempt: int) -> float:
         """Exponential with full jitter: uniform in [0, min(cap, base * 2^attempt)]."""

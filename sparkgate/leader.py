@@ -14,11 +14,17 @@ with a monotonic clock for every duration:
 - each lease request is one attempt (no retry loop: the next turn, `retry_period` later, is the retry)
   with a timeout of half the renew deadline, so a turn (a read, then a write) ends before the deadline;
 - the leader renews every `retry_period`; a graceful stop gives the lease up (client-go's `ReleaseOnCancel`)
-  so a follower takes over without waiting for it to expire. Every write carries the lease's
+  so a follower takes over without waiting for it to expire, and the thread that renews is the one that
+  gives it up (`campaign`, `LeaderTask`), after its turn in progress: a release sent beside a renew would
+  lose to it (409) and leave the follower waiting a whole lease. Every write carries the lease's
   resourceVersion, so two candidates can never both win (the loser gets 409).
 `lease_duration > renew_deadline > retry_period` is checked (as client-go's `NewLeaderElector` checks its
 durations): a follower waits a whole lease duration from its own observation, so the old leader's last
-write is sent `lease_duration - renew_deadline` or more before a new leader's first.
+write is sent `lease_duration - renew_deadline` or more before a new leader's first. The leader's writes go
+through a client gated on `leading` whose requests end within half that gap (`gate`): a write sent at the
+renew deadline reaches the API server within it or not at all, and the API server ends its handler within
+it again (the request's `timeout`), so none lands after a new leader's first (client-go sets no such bound:
+its `leaderelection.go` documents that it gives no fencing).
 
 The one elector of sparkgate: the allocator's Lease and certificate rotation's both use it. `LeaderTask`
 runs a periodic piece of work only while a Lease is held: its own Lease, renewed by the task's thread (the
@@ -91,6 +97,16 @@ class LeaderElector:
         """True while the last successful renew is younger than the renew deadline: false by itself after."""
         renewed = self._renewed_at
         return renewed is not None and self.monotonic() - renewed < self.renew_deadline
+
+    @property
+    def write_timeout(self) -> float:
+        """How long one leader write may take (`gate`): half the gap between the lease duration and the renew
+        deadline, once to reach the API server and once for its handler (the request's `timeout`)."""
+        return (int(self.lease_duration) - self.renew_deadline) / 2
+
+    def gate(self, kube: Kube) -> Kube:
+        """`kube` for the writes only this Lease's holder may make (sparkgate/kube.py `Kube.gated`)."""
+        return kube.gated(lambda: self.leading, timeout=self.write_timeout)
 
     def _spec(self, previous: dict[str, Any] | None) -> dict[str, Any]:
         now = _micro_time(self.wall())
@@ -184,26 +200,31 @@ class LeaderElector:
         on_started: Callable[[], None],
         on_lost: Callable[[], None],
     ) -> None:
-        """A leader thread: a turn every retry period until `stop`, or until leadership ends: then
-        `on_lost()` (the caller stops its writers) and return. `on_turn(leading)` after every turn (health,
-        metrics), `on_started()` when this candidate becomes the leader. The thread survives its own
-        exceptions: logged, counted in `errors`, and the next turn comes a retry period later."""
-        while not stop.is_set():
-            try:
-                transitions, losses = self.transitions, self.losses
-                leading = self.turn()
-                on_turn(leading)
-                if self.losses > losses and not stop.is_set():
-                    on_lost()
-                    return
-                if self.transitions > transitions:
-                    on_started()
-            except Exception:
-                self._error()
-                log.exception(
-                    "lease %s: the leader thread failed (retried in %gs)", self.name, self.retry_period
-                )
-            stop.wait(self.retry_period)
+        """A leader thread: a turn every retry period until `stop`, then the lease given up (`release`: by
+        this thread, after its last turn), or until leadership ends: then `on_lost()` (the caller stops its
+        writers) and return. `on_turn(leading)` after every turn (health), `on_started()` when this candidate
+        becomes the leader. The thread survives its own exceptions: logged, counted in `errors`, and the next
+        turn comes a retry period later."""
+        try:
+            while not stop.is_set():
+                try:
+                    transitions, losses = self.transitions, self.losses
+                    leading = self.turn()
+                    on_turn(leading)
+                    if self.losses > losses and not stop.is_set():
+                        on_lost()
+                        return
+                    if self.transitions > transitions:
+                        on_started()
+                except Exception:
+                    self._error()
+                    log.exception(
+                        "lease %s: the leader thread failed (retried in %gs)", self.name, self.retry_period
+                    )
+                stop.wait(self.retry_period)
+        finally:
+            if stop.is_set():
+                self.release()
 
     def _error(self) -> None:
         self.errors += 1
@@ -230,7 +251,8 @@ class LeaderElector:
         return self._lost(f"not renewed within the renew deadline ({self.renew_deadline:g} s)")
 
     def release(self) -> None:
-        """Give the lease up (graceful stop) so a follower need not wait for it to expire."""
+        """Give the lease up (graceful stop) so a follower need not wait for it to expire. Called by the thread
+        that drives this elector (`campaign`, `LeaderTask`), never beside a turn."""
         if not self.leading:
             return
         self._renewed_at = None  # no write of ours from here on; not a loss
@@ -261,7 +283,8 @@ class LeaderTask:
     polls (returns False when it had nothing to do, its own interval not yet due) is not counted then, so the
     counts are of runs, not of polls. `follow`, if given, runs every interval in the replicas that do not
     hold the Lease (read-only work, e.g. reporting): not a run of the task, never counted (an exception is
-    logged).
+    logged). A replica that becomes the leader runs `work` at its first poll as the leader (within a retry
+    period), not at the end of the interval its last `follow` began.
     """
 
     def __init__(
@@ -292,10 +315,13 @@ class LeaderTask:
         self.thread.start()
 
     def run(self) -> None:
-        next_run = self.monotonic()
+        next_run, led = self.monotonic(), False
         try:
             while not self.stop.is_set():
                 leading = self.elector.turn() if self.own_lease else self.elector.leading
+                if leading and not led:
+                    next_run = self.monotonic()  # leadership begins: the work runs now, not an interval late
+                led = leading
                 if self.monotonic() >= next_run and (leading or self.follow is not None):
                     if leading:
                         self._run_work()

@@ -13,6 +13,10 @@ then its removal), so a concurrent change of the pod's gates is detected and the
 overwritten. `--dry-run` sends the same patches with `dryRun=All`: the API server runs its whole admission
 chain on them (so a refusal shows) and stores nothing. A pod that is gone or already released is skipped;
 a refusal is printed with the API server's message and makes the command exit 1, after the other pods.
+When an answer is lost (no answer, a 5xx: sparkgate/kube.py retries the patch, which its test makes safe,
+and marks what follows `maybe_applied`), the pod is read again: without its gate it is counted released
+(this command's patch most likely landed; the line says the answer was lost), with it the patch is sent
+again, and a pod still unanswered after ATTEMPTS is a failure, never counted.
 """
 
 from __future__ import annotations
@@ -96,17 +100,18 @@ def release(
             print(f"{where}: gone, nothing to release")
             continue
         try:
-            skipped = _release_one(kube, pod, dry_run)
+            outcome = _release_one(kube, pod, dry_run)
         except KubeError as e:
             print(f"refused {where}: {e.message}", file=sys.stderr)
             refused += 1
             continue
-        if skipped:
-            print(f"{where}: {skipped}, nothing to release")
+        if outcome not in (RELEASED, LOST_ANSWER):
+            print(f"{where}: {outcome}, nothing to release")
             continue
         done += 1
         labels = pod["metadata"].get("labels") or {}
-        print(f"{verb} {where} (app {labels.get(contract.LABEL_APP_ID, '-')})")
+        note = " (the answer was lost; a re-read shows the gate gone)" if outcome == LOST_ANSWER else ""
+        print(f"{verb} {where} (app {labels.get(contract.LABEL_APP_ID, '-')}){note}")
     summary = f"{verb} {done} executor pod(s)"
     if dry_run:
         summary += " (dry run: the API server admitted each patch and stored nothing)"
@@ -138,14 +143,19 @@ def _candidates(
         yield f"{pod['metadata']['namespace']}/{pod['metadata']['name']}", pod
 
 
+RELEASED, LOST_ANSWER = "", "released, answer lost"
+
+
 def _release_one(kube: Kube, pod: Obj, dry_run: bool) -> str:
-    """Remove the gate (""), or say why there was nothing to remove."""
+    """Remove the gate: RELEASED, LOST_ANSWER (the answer was lost and a re-read shows the gate gone), or why
+    there was nothing to remove."""
     meta = pod["metadata"]
     path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
-    for attempt in range(1, ATTEMPTS + 1):
+    lost, error = False, None  # lost: an earlier patch of this pod may have landed
+    for _ in range(ATTEMPTS):
         index = contract.gate_index(pod)
         if index is None:
-            return "not gated"
+            return LOST_ANSWER if lost else "not gated"
         try:
             kube.request(
                 "PATCH",
@@ -154,14 +164,19 @@ def _release_one(kube: Kube, pod: Obj, dry_run: bool) -> str:
                 body=contract.gate_removal(index),
                 content_type="application/json-patch+json",
             )
-            return ""
+            return RELEASED
         except NotFound:
             return "gone"
-        except Invalid:  # the `test` failed: the gates changed since the read
-            if attempt == ATTEMPTS:
+        except KubeError as e:
+            lost |= e.maybe_applied and not dry_run
+            if not (isinstance(e, Invalid) or lost):
                 raise
+            error = e  # the `test` failed (the gates changed since the read), or the answer was lost
         try:
             pod = kube.get(path)
         except NotFound:
             return "gone"
-    raise AssertionError("unreachable")
+    if contract.gate_index(pod) is None:
+        return LOST_ANSWER if lost else "not gated"
+    assert error is not None
+    raise error

@@ -3,6 +3,7 @@ real allocator processes, simulated Spark drivers, and an observer that checks t
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from kubesim.cluster import Cluster
+from sandbox.caps import CapChecker, Caps, state_of
 from sandbox.local_webhook import LocalWebhook
 from sandbox.localsystem import AllocatorProcess, LocalSystem
 from sparkgate import contract
@@ -58,77 +60,61 @@ def write_policy(
 
 class Observer:
     """Checks sparkgate's limits after every committed change of an executor pod (a store listener sees each
-    change in order, so this is every moment, not samples):
-    - in flight (released, phase Pending, not being deleted; bound or not) never exceeds maxPendingPerApp
-      per app, maxPendingPerNamespace per namespace, maxPendingCluster in all;
-    - released-but-unbound pods of an app never exceed `unbound_limit` (one batch: the next one is released
-      only once the previous one is bound);
-    - no gate is removed twice.
-    It also records, for each gate removal, the app and the apps that had gated pods at that moment."""
+    change in order, so this is every moment, not samples), with the one definition of the invariant
+    (sandbox/caps.py `CapChecker`: in flight per app, namespace and cluster, one unbound batch per app, no gate
+    removed twice). It also records the pods admitted without sparkgate and, for each gate removal, the app
+    and the apps that had gated pods at that moment."""
 
     def __init__(self, cluster: Cluster, per_app: int, per_ns: int, cluster_cap: int, unbound_limit: int):
-        self.per_app, self.per_ns, self.cluster_cap = per_app, per_ns, cluster_cap
-        self.unbound_limit = unbound_limit
         self.lock = threading.Lock()
-        # uid -> (namespace, app, gated, bound, in flight)
-        self.pods: dict[str, tuple[str, str, bool, bool, bool]] = {}
+        self.checker = CapChecker(Caps(per_app, per_ns, cluster_cap, unbound_limit))
         self.bypassed: set[str] = set()  # admitted without sparkgate (no profile annotation)
-        self.phase = "start"
-        self.releases: Counter[str] = Counter()
-        self.violations: list[str] = []
-        self.max_in_flight: Counter[str] = Counter()  # by app id, "ns:<namespace>" and "cluster"
-        self.max_unbound: Counter[str] = Counter()  # by app id
         self.release_order: list[tuple[str, frozenset[str]]] = []
         self.unsubscribe = cluster.store.subscribe(self.on_change)
 
+    @property
+    def phase(self) -> str:
+        return self.checker.phase
+
+    @phase.setter
+    def phase(self, phase: str) -> None:
+        self.checker.phase = phase
+
+    @property
+    def unbound_limit(self) -> int | None:
+        return self.checker.caps.unbound
+
+    @unbound_limit.setter
+    def unbound_limit(self, limit: int) -> None:
+        self.checker.caps = dataclasses.replace(self.checker.caps, unbound=limit)
+
+    @property
+    def violations(self) -> list[str]:
+        return self.checker.violations
+
+    @property
+    def releases(self) -> Counter[str]:
+        return self.checker.releases
+
+    @property
+    def max_in_flight(self) -> Counter[str]:  # by app id, "ns:<namespace>" and "cluster"
+        return self.checker.max_in_flight
+
+    @property
+    def max_unbound(self) -> Counter[str]:  # by app id
+        return self.checker.max_unbound
+
     def on_change(self, kind: str, resource: str, obj: dict[str, Any]) -> None:
-        meta = obj.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        if resource != "pods" or labels.get(contract.LABEL_ROLE) != contract.ROLE_EXECUTOR:
+        state = state_of(obj) if resource == "pods" else None
+        if state is None:
             return
-        namespace, app = meta.get("namespace", ""), labels.get(contract.LABEL_APP_ID, "")
-        spec, status = obj.get("spec") or {}, obj.get("status") or {}
-        gated = any(g.get("name") == contract.GATE for g in spec.get("schedulingGates") or ())
-        bound = bool(spec.get("nodeName"))
-        pending = (status.get("phase") or "Pending") == "Pending" and not meta.get("deletionTimestamp")
+        meta = obj["metadata"]
         with self.lock:
-            old = self.pods.get(meta["uid"])
             if contract.ANNOTATION_PROFILE not in (meta.get("annotations") or {}):
                 self.bypassed.add(meta["uid"])
-            if kind == "DELETED":
-                self.pods.pop(meta["uid"], None)
-            else:
-                self.pods[meta["uid"]] = (namespace, app, gated, bound, not gated and pending)
-            if old is not None and old[2] and not gated and kind != "DELETED":
-                self.releases[meta["uid"]] += 1
-                if self.releases[meta["uid"]] > 1:
-                    self.violations.append(f"{meta.get('name')} released twice")
-                waiting = frozenset(a for _, a, g, _, _ in self.pods.values() if g)
-                self.release_order.append((app, waiting))
-            self._check(namespace, app)
-
-    def _check(self, namespace: str, app: str) -> None:
-        in_flight = sum(1 for _, a, _, _, f in self.pods.values() if a == app and f)
-        unbound = sum(1 for _, a, _, b, f in self.pods.values() if a == app and f and not b)
-        in_namespace = sum(1 for ns, _, _, _, f in self.pods.values() if ns == namespace and f)
-        total = sum(1 for *_, f in self.pods.values() if f)
-        for key, n in ((app, in_flight), (f"ns:{namespace}", in_namespace), ("cluster", total)):
-            self.max_in_flight[key] = max(self.max_in_flight[key], n)
-        self.max_unbound[app] = max(self.max_unbound[app], unbound)
-        if in_flight > self.per_app:
-            self.violations.append(f"{self.phase}: app {app}: {in_flight} in flight > {self.per_app}")
-        if in_namespace > self.per_ns:
-            bypassed = sum(1 for uid, p in self.pods.items() if p[4] and uid in self.bypassed)
-            self.violations.append(
-                f"{self.phase}: namespace {namespace}: {in_namespace} in flight > {self.per_ns} "
-                f"({bypassed} bypassed)"
-            )
-        if total > self.cluster_cap:
-            self.violations.append(f"{self.phase}: cluster: {total} in flight > {self.cluster_cap}")
-        if unbound > self.unbound_limit:
-            self.violations.append(
-                f"{self.phase}: app {app}: {unbound} released and unbound > {self.unbound_limit}"
-            )
+            if self.checker.change(meta["uid"], None if kind == "DELETED" else state):
+                waiting = frozenset(p.app for p in self.checker.pods.values() if p.gated)
+                self.release_order.append((state.app, waiting))
 
 
 @pytest.fixture

@@ -64,7 +64,7 @@ def leadership() -> Leadership:
 @pytest.fixture
 def actor(cluster: Cluster, leadership: Leadership) -> Iterator[Actor]:
     kube = Kube.from_kubeconfig(str(cluster.add_user(ALLOCATOR)))
-    actor = Actor(kube, "sparkgate-system", leading=leadership, parallel_apps=4)
+    actor = Actor(kube.gated(leadership, timeout=30), "sparkgate-system", parallel_apps=4)
     yield actor
     actor.close()
     kube.close()
@@ -137,7 +137,8 @@ def test_an_apps_releases_are_pipelined_on_the_writers(cluster: Cluster) -> None
         if next(calls) > 0:
             barrier.wait()
 
-    actor = Actor(kube.limited(budget), "sparkgate-system", leading=lambda: True, parallel_apps=1, writers=6)
+    writes = kube.gated(lambda: True, timeout=30).limited(budget)
+    actor = Actor(writes, "sparkgate-system", parallel_apps=1, writers=6)
     try:
         pods = [gated_pod(cluster, "app-a", i) for i in range(1, 8)]
         (done,) = actor.submit([Release(p.app, p) for p in pods]).values()
@@ -159,9 +160,8 @@ def test_gate_removal_latency_runs_from_the_gated_pod_first_seen_to_the_patch_ac
     removed: list[float] = []
     kube = Kube.from_kubeconfig(str(cluster.add_user(ALLOCATOR)))
     actor = Actor(
-        kube,
+        kube.gated(lambda: True, timeout=30),
         "sparkgate-system",
-        leading=lambda: True,
         monotonic=lambda: now[0],
         on_gate_removed=removed.append,
     )
@@ -301,9 +301,8 @@ def test_a_release_time_is_taken_before_its_patch_so_a_pod_watched_gone_meanwhil
     times = BindTimes(lambda ns, seconds: bound.append((ns, seconds)), clock=lambda: 105.0)
     kube = Kube.from_kubeconfig(str(cluster.add_user(ALLOCATOR)))
     actor = Actor(
-        kube,
+        kube.gated(leadership, timeout=30),
         "sparkgate-system",
-        leading=leadership,
         clock=lambda: 100.0,
         on_sending=lambda action, at: times.released(action.pod.uid, at),
     )
@@ -324,3 +323,47 @@ def test_a_release_time_is_taken_before_its_patch_so_a_pod_watched_gone_meanwhil
     finally:
         actor.close()
         kube.close()
+
+
+@pytest.mark.parametrize("answer", [0, 504])
+def test_a_gate_removal_whose_answer_is_lost_is_unclear_and_each_release_of_a_run_has_its_own(
+    cluster: Cluster, actor: Actor, answer: int
+) -> None:
+    """Issue 37: kubesim applies every third gate removal and loses its answer (the connection dropped, or
+    kube-apiserver's 504). kube.py repeats the guarded PATCH, whose `test` then fails (422): not a refusal
+    but "maybe released", reported `unclear`, not failed, and the app does not back off. A defect while one
+    release of a pipelined run is being sent makes that release unclear, not the whole run failed."""
+    pods = [gated_pod(cluster, "app-a", i) for i in range(1, 8)]
+    cluster.faults.lose("patch", "pods", answer=answer, one_in=3)
+    patch = actor.kube.patch
+
+    def broken_for_the_fifth(path: str, *args: Any, **kwargs: Any) -> Any:
+        if path.endswith(pods[4].name):
+            raise RuntimeError("a defect of ours")
+        return patch(path, *args, **kwargs)
+
+    actor.kube.patch = broken_for_the_fifth  # type: ignore[method-assign]
+    (result,) = (f.result() for f in actor.submit([Release(p.app, p) for p in pods]).values())
+    lost = [e.name for e in cluster.requests.entries() if e.lost_as == answer]
+    assert len(lost) == 2 and all(e.code == 200 for e in cluster.requests.entries() if e.lost_as is not None)
+    assert (result.ok, result.outcome) == (True, True)
+    by_name = {p.uid: p.name for p in pods}
+    assert sorted(by_name[u] for u in result.unclear) == sorted([*lost, pods[4].name])
+    assert sorted(result.released + result.unclear) == sorted(p.uid for p in pods)
+    assert all(gates(cluster, p.name) == ["other.io/gate"] for p in pods if p is not pods[4])
+    assert gates(cluster, pods[4].name) == ["other.io/gate", contract.GATE]  # never sent: the watch will say
+
+
+def test_a_deletion_whose_answer_is_lost_is_repeated_and_its_404_is_the_deletion_done(
+    cluster: Cluster, actor: Actor
+) -> None:
+    """A DELETE with a uid precondition is safe to repeat: after a lost answer, the repeat's 404 is this
+    deletion done (recorded), not a stale cache."""
+    deleted: list[str] = []
+    actor.on_delete = lambda action: deleted.append(action.pod.name)
+    a1 = gated_pod(cluster, "app-a", 1)
+    cluster.faults.lose("delete", "pods", count=1)
+    (result,) = (f.result() for f in actor.submit([DeletePod(a1.app, a1, DeletionReason.ID_REUSE)]).values())
+    assert (result.ok, deleted) == (True, [a1.name])
+    codes = [(e.code, e.lost_as) for e in cluster.requests.entries() if e.verb == "delete"]
+    assert codes == [(200, 0), (404, None)]

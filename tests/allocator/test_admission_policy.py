@@ -133,3 +133,36 @@ def test_a_policy_that_cannot_be_rendered_leaves_the_objects_in_force(setup: Set
         setup.sync.run_if_due()
     assert setup.kube.get(MAP) == before
     assert not setup.sync.due()  # tried again at the interval, not at every poll
+
+
+def test_created_by_apply_a_field_the_next_version_stops_rendering_is_pruned(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: the objects were created by POST, whose `Update` entry (kubesim records it as kube-apiserver
+    does: kubesim/apply.py `update`) co-owned every field, so a field a later version of sparkgate stopped
+    rendering stayed for good. Created by apply, the allocator's Apply entry is their only manager, and the
+    next apply prunes it."""
+    import allocator.admission_policy as task
+
+    rendered = task.render
+
+    def older_version(*args: Any) -> Any:  # a rendering with one more label than this version's
+        result = rendered(*args)
+        result.objects[0]["metadata"]["labels"]["sparkgate.io/retired"] = "yes"
+        return result
+
+    monkeypatch.setattr(task, "render", older_version)
+    setup.sync.run_once()
+    assert setup.kube.get(MAP)["metadata"]["labels"]["sparkgate.io/retired"] == "yes"
+    monkeypatch.setattr(task, "render", rendered)
+    setup.sync.run_once()
+    stored = setup.kube.get(MAP)
+    assert "sparkgate.io/retired" not in stored["metadata"]["labels"]
+    for obj in (stored, setup.kube.get(BINDING)):
+        assert [(m["manager"], m["operation"]) for m in obj["metadata"]["managedFields"]] == [
+            (FIELD_MANAGER, "Apply")
+        ]
+    assert {e.verb for e in setup.cluster.requests.entries() if e.user == contract.ALLOCATOR_USER} == {
+        "patch",
+        "get",  # the test's own reads
+    }

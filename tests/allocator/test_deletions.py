@@ -183,7 +183,7 @@ def test_a_replica_whose_leadership_lapses_mid_flush_writes_nothing_more_and_cou
         kube = Kube.from_kubeconfig(str(cluster.kubeconfig("admin")))
         leading, failures = [True], []
         store = HistoryStore(
-            kube.gated(lambda: leading[0]),
+            kube.gated(lambda: leading[0], timeout=30),
             contract.INSTALL_NAMESPACE,
             retention=3600,
             backoff=Backoff(1, 10),

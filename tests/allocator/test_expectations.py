@@ -11,7 +11,7 @@ from msgspec.structs import replace
 
 from allocator.cache import Cache
 from allocator.expectations import BindTimes, Expectations
-from allocator.model import AppView, PodRecord, Snapshot
+from allocator.model import AppView, PodRecord, Release, Snapshot
 from sparkgate.contract import GATE, LABEL_APP_ID, LABEL_EXEC_ID, AppKey
 
 KEY = AppKey("spark", "a")
@@ -22,6 +22,17 @@ def pod(uid: str, *, gated: bool = True, deleting: bool = False, node: str | Non
         "spark", f"a-{uid}", uid, "a", int(uid), "0", gated, "spark", node, "Pending", deleting, 0.0,
         gate_index=0 if gated else None,
     )  # fmt: skip
+
+
+def releases(key: AppKey, *uids: str) -> list[Release]:
+    """The gate removals of these pods, as the loop dispatches them."""
+    return [
+        Release(
+            key,
+            PodRecord(key.namespace, u, u, key.app_id, None, "0", True, "spark", None, "Pending", False, 0.0),
+        )
+        for u in uids
+    ]
 
 
 def snap(*pods: PodRecord) -> Snapshot:
@@ -41,7 +52,7 @@ def test_a_release_counts_as_done_until_the_watch_shows_it() -> None:
     e = Expectations(expiry=60, monotonic=lambda: now[0])
     s = snap(pod("1"), pod("2"))
     assert expect(e, s) is s  # nothing expected: the same snapshot
-    e.released([(KEY, "1")])
+    e.released(releases(KEY, "1"))
     assert pods_of(expect(e, s)) == {"1": (False, False), "2": (True, False)}
     e.observe(pod("1"), replace(pod("1"), gated=False, gate_index=None))
     assert len(e) == 0 and pods_of(expect(e, s)) == {"1": (True, False), "2": (True, False)}
@@ -50,12 +61,51 @@ def test_a_release_counts_as_done_until_the_watch_shows_it() -> None:
 def test_a_failed_release_is_forgotten_and_an_unseen_one_expires() -> None:
     now = [0.0]
     e = Expectations(expiry=60, monotonic=lambda: now[0])
-    e.released([(KEY, "1"), (KEY, "2")])
-    e.failed(["2"])
+    e.released(releases(KEY, "1", "2"))
+    e.answered(failed=["2"])
     assert pods_of(expect(e, snap(pod("1"), pod("2")))) == {"1": (False, False), "2": (True, False)}
     now[0] = 61  # a relist replaced the pod and the watch never showed the change: the cache wins again
     assert pods_of(expect(e, snap(pod("1"), pod("2")))) == {"1": (True, False), "2": (True, False)}
     assert len(e) == 0
+
+
+def test_a_release_whose_answer_was_lost_counts_until_the_watch_says_and_only_what_it_shows_is_counted() -> (
+    None
+):
+    """Issue 37: an unclear answer (none, a 5xx, a 422 after a lost one) leaves the pod released,
+    unconfirmed: in flight for the budgets until the watch shows it (then it is a release, counted once,
+    whether the watch came before or after the answer) or its expectation expires a minute after the answer
+    (then it is none: the cache wins). A refused release is dropped at once; one gone while gated is none."""
+    now = [0.0]
+    confirmed: list[str] = []
+    e = Expectations(expiry=60, monotonic=lambda: now[0], on_confirmed=lambda r: confirmed.append(r.pod.uid))
+    s = snap(*(pod(str(i)) for i in range(1, 6)))
+    e.released(releases(KEY, "1", "2", "3", "4", "5"))
+    ungated = replace(pod("2"), gated=False, gate_index=None)
+    e.observe(pod("2"), ungated)  # 2: the watch first, the answer (lost) after
+    now[0] = 50
+    e.answered(released=["5"], failed=["4"], unclear=["1", "2", "3"])
+    assert confirmed == ["2"]  # 5 was accepted: the actor counts it at its answer, not here
+    assert pods_of(expect(e, s)) == {
+        "1": (False, False),  # unconfirmed: in flight
+        "2": (True, False),  # the snapshot is older than the watch: nothing expected of it any more
+        "3": (False, False),
+        "4": (True, False),  # refused: gated
+        "5": (False, False),  # accepted, not seen yet
+    }
+    e.observe(pod("1"), replace(pod("1"), gated=False, gate_index=None))  # the watch shows 1 released
+    e.observe(pod("1"), replace(pod("1"), gated=False, gate_index=None))  # and again: counted once
+    assert confirmed == ["2", "1"]
+    now[0] = 105  # 3 is 55 s past its answer, 110 s past its dispatch: still counted
+    assert pods_of(expect(e, s))["3"] == (False, False)
+    now[0] = 111  # a minute after its answer, unseen: not released (the API server's request timeout)
+    assert pods_of(expect(e, s))["3"] == (True, False)
+    e.observe(pod("3"), replace(pod("3"), gated=False, gate_index=None))  # too late to count as ours
+    assert confirmed == ["2", "1"] and len(e) == 0
+    e.released(releases(KEY, "6"))
+    e.answered(unclear=["6"])
+    e.observe(pod("6"), None)  # gone while gated: no release
+    assert confirmed == ["2", "1"] and len(e) == 0
 
 
 def test_a_delete_counts_until_the_watch_shows_the_pod_deleting_or_gone() -> None:
@@ -91,7 +141,7 @@ def test_the_expected_snapshot_keeps_the_in_flight_sums_and_touches_only_the_app
         {"spark": 1},
     )
     e = Expectations()
-    e.released([(KEY, "1")])
+    e.released(releases(KEY, "1"))
     expected = expect(e, s)
     # a's release is in flight from the moment it is sent: the namespace's sum says 2, as a count would
     assert expected.in_flight_by_namespace() == {"spark": 2}
@@ -104,9 +154,9 @@ def test_the_expected_snapshot_keeps_the_in_flight_sums_and_touches_only_the_app
 def test_expectations_expire_oldest_first() -> None:
     now = [0.0]
     e = Expectations(expiry=60, monotonic=lambda: now[0])
-    e.released([(KEY, "1")])
+    e.released(releases(KEY, "1"))
     now[0] = 30
-    e.released([(KEY, "2")])
+    e.released(releases(KEY, "2"))
     now[0] = 61  # the first is past its expiry, the second is not
     assert pods_of(expect(e, snap(pod("1"), pod("2")))) == {"1": (True, False), "2": (False, False)}
     assert len(e) == 1
@@ -117,7 +167,7 @@ def test_expectations_taken_before_the_snapshot_survive_a_watch_event_handled_in
     expectation between the two must not make the pod look gated again (it would be released twice:
     bench/scale.py's threaded run found it, 0.2 % of the releases at 10,000 pods)."""
     e = Expectations()
-    e.released([(KEY, "1")])
+    e.released(releases(KEY, "1"))
     pending = e.pending()
     s = snap(pod("1"))  # a snapshot the watch's event had not reached yet
     e.observe(pod("1"), replace(pod("1"), gated=False, gate_index=None))  # the event, handled meanwhile
@@ -179,17 +229,23 @@ def test_the_expected_views_kept_across_steps_follow_every_write_and_every_view_
         for _ in range(rng.randint(0, 3)):
             app, n = rng.choice(apps), rng.randint(0, 5)
             key, obj = AppKey("spark", app), pods.get((app, n))
-            action = rng.choice(["release", "delete", "fail", "watch ungated", "watch gone", "new pod"])
+            action = rng.choice(
+                ["release", "delete", "fail", "unclear", "accepted", "watch ungated", "watch gone", "new pod"]
+            )
             touched.add(key)
             if obj is None:
                 pods[(app, n)] = executor(app, n)
                 cache.pod_event("ADDED", pods[(app, n)])
             elif action == "release":
-                e.released([(key, obj["metadata"]["uid"])])
+                e.released(releases(key, obj["metadata"]["uid"]))
             elif action == "delete":
                 e.deleted(key, obj["metadata"]["uid"])
             elif action == "fail":
-                e.failed([obj["metadata"]["uid"]])
+                e.answered(failed=[obj["metadata"]["uid"]])
+            elif action == "unclear":
+                e.answered(unclear=[obj["metadata"]["uid"]])
+            elif action == "accepted":
+                e.answered(released=[obj["metadata"]["uid"]])
             elif action == "watch ungated":
                 pods[(app, n)] = executor(app, n, gated=False)
                 cache.pod_event("MODIFIED", pods[(app, n)])
@@ -221,7 +277,7 @@ def test_an_expected_copy_is_kept_while_its_pod_and_its_writes_stay_and_made_aga
 ):
     e = Expectations()
     pods = [pod(str(i)) for i in range(1, 5)]
-    e.released([(KEY, "1"), (KEY, "2"), (KEY, "3")])
+    e.released(releases(KEY, "1", "2", "3"))
     first = expect(e, snap(*pods)).apps[KEY].pods
     # The watch shows pod 1 released: the app's view is made again, the copies of 2 and 3 are the same.
     seen = replace(pods[0], gated=False, gate_index=None)
@@ -257,7 +313,7 @@ def test_the_watch_event_of_its_own_release_decides_nothing_and_any_other_change
         cache.pod_event("ADDED", executor("app", n))
     assert queued == [{key}] * 3
     queued.clear()
-    e.released([(key, "app-0"), (key, "app-2")])
+    e.released(releases(key, "app-0", "app-2"))
     before = e.apply(cache.snapshot(), e.pending())
 
     cache.pod_event("MODIFIED", released(0))  # its own release, seen

@@ -240,10 +240,52 @@ def test_bad_applies_are_refused_and_lose_nothing(apiserver: Served) -> None:
 
 
 def test_an_update_without_managed_fields_keeps_them(apiserver: Served) -> None:
-    """managedfields: an update whose object carries no managedFields keeps the live ones."""
+    """managedfields: an update whose object carries no managedFields keeps the live ones, and its own Update
+    entry, named after the User-Agent (the official client's "OpenAPI-Generator/..."), owns what it added."""
     _, obj = apply(apiserver, CM, cm("c", {"a": "1"}), "ops")
     core = client.CoreV1Api(apiserver.client)
     body = {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "managedFields"}}
     body["data"] = {"a": "1", "z": "9"}
     replaced = core.replace_namespaced_config_map("c", "default", body)
-    assert [e.manager for e in replaced.metadata.managed_fields] == ["ops"]
+    assert [(e.manager, e.operation) for e in replaced.metadata.managed_fields] == [
+        ("ops", "Apply"),
+        ("OpenAPI-Generator", "Update"),
+    ]
+    assert replaced.metadata.managed_fields[1].fields_v1 == {"f:data": {"f:z": {}}}
+
+
+def test_a_create_records_an_update_manager_that_co_owns_its_fields_against_an_applier(
+    apiserver: Served,
+) -> None:
+    """handlers/create.go records an `Update` entry for a POST (manager: its fieldManager, else the
+    User-Agent before "/"), owning every field it wrote. An applier that later takes the object over by
+    apply (force) shares those fields: one it stops applying is not pruned (the other manager still owns
+    it), where it would be from an object the applier created by apply (issue 37: the rendered
+    MutatingAdmissionPolicy created by POST kept every field a later version dropped). An apply that
+    changes the creator's field without force conflicts with it; an update takes fields from an applier."""
+    core = client.CoreV1Api(apiserver.client)
+    core.create_namespaced_config_map("default", cm("c", {"a": "1", "b": "2"}), field_manager="maker")
+    created = apiserver.store.get("configmaps", "default", "c")
+    [entry] = created["metadata"]["managedFields"]
+    assert (entry["manager"], entry["operation"], entry["apiVersion"]) == ("maker", "Update", "v1")
+    assert entry["fieldsV1"] == {"f:data": {"f:a": {}, "f:b": {}}}
+    code, conflict = apply(apiserver, CM, cm("c", {"a": "9"}), "ops")
+    assert code == 409 and conflict["message"].startswith(
+        'Apply failed with 1 conflict: conflict with "maker" using v1 at '
+    )
+    assert apply(apiserver, CM, cm("c", {"a": "1", "b": "2"}), "ops", force=True)[0] == 200
+    _, obj = apply(apiserver, CM, cm("c", {"a": "1"}), "ops", force=True)  # ops stops applying b
+    assert obj["data"] == {"a": "1", "b": "2"}, "b is still maker's: not pruned"
+    apply(apiserver, "/api/v1/namespaces/default/configmaps/d", cm("d", {"a": "1", "b": "2"}), "ops")
+    _, pruned = apply(apiserver, "/api/v1/namespaces/default/configmaps/d", cm("d", {"a": "1"}), "ops")
+    assert pruned["data"] == {"a": "1"}, "created by apply: ops alone owned b"
+    patched = core.patch_namespaced_config_map("d", "default", {"data": {"a": "5"}}, field_manager="editor")
+    fields = {(e.manager, e.operation): e.fields_v1 for e in patched.metadata.managed_fields}
+    assert fields == {("editor", "Update"): {"f:data": {"f:a": {}}}}  # ops lost its only field
+
+
+def test_the_manager_of_an_update_is_the_user_agent_before_its_first_slash() -> None:
+    """handlers/create.go `managerOrUserAgent`, `prefixFromUserAgent`."""
+    assert ssa.manager_of("", "kubectl/v1.36.2 (linux/amd64) kubernetes/abc") == "kubectl"
+    assert ssa.manager_of("mine", "kubectl/v1.36.2") == "mine"
+    assert ssa.manager_of("", "x\ty/1") == "xy" and len(ssa.manager_of("", "a" * 300)) == 128

@@ -17,6 +17,7 @@ import yaml
 from allocator.admission_policy import TASK
 from sandbox.localsystem import AllocatorProcess, lease_holder
 from sparkgate import contract
+from sparkgate.render import POLICY_NAME
 
 from ..allocator.conftest import Observer, write_policy
 from ..allocator.test_integration import gated, running
@@ -54,7 +55,8 @@ def test_the_component_removes_the_webhook_and_lets_the_allocator_write_the_poli
         {
             "apiGroups": ["admissionregistration.k8s.io"],
             "resources": ["mutatingadmissionpolicies", "mutatingadmissionpolicybindings"],
-            "verbs": ["create", "get", "patch"],
+            "resourceNames": [POLICY_NAME],
+            "verbs": ["create", "patch"],
         }
     ]  # and no longer the webhook configurations' caBundle
     role = objects[("Role", "sparkgate-allocator")]["rules"]

@@ -46,6 +46,7 @@ class Use:
     resource: str
     verb: str
     where: str
+    named: bool = False  # the path names one object (a rule limited by name may allow it: checked live)
 
 
 def template(node: ast.expr, module: _Module) -> str | None:
@@ -139,7 +140,17 @@ def uses_in(path: Path) -> Iterator[Use]:
         group, resource, named = split(found)
         if verb == "get" and not named:
             verb = "list"
-        yield Use(group, resource, verb, where)
+        yield Use(group, resource, verb, where, named)
+        if verb == "patch" and applies(node, module):
+            # An apply that creates its object is authorized as `create` of that name too (kube-apiserver's
+            # staging/src/k8s.io/apiserver/pkg/endpoints/handlers/patch.go, `createAuthorizerAttributes`).
+            yield Use(group, resource, "create", where, named)
+
+
+def applies(call: ast.Call, module: _Module) -> bool:
+    """A patch whose content type is server-side apply's."""
+    kinds = [k.value for k in call.keywords if k.arg == "content_type"] + call.args[3:4]
+    return any(template(kind, module) == "application/apply-patch+yaml" for kind in kinds)
 
 
 def code_uses() -> list[Use]:
@@ -191,6 +202,46 @@ def live_certs_requests(tmp_path: Path) -> list[tuple[str, str, str, str | None]
         return found
 
 
+def live_admission_policy_requests(tmp_path: Path) -> list[tuple[str, str, str, str | None]]:
+    """(group, resource, verb, name) of every request the admission-policy task makes on kubesim, as the
+    API server authorizes them: each apply is a `patch` of its name, and one that created its object (201)
+    a `create` of that name as well (handlers/patch.go)."""
+    from allocator.admission_policy import AdmissionPolicySync
+    from sparkgate.policy_file import PolicySource
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("apiVersion: sparkgate.io/v1alpha1\nkind: Policy\nprofiles:\n  - name: p\n")
+    with Cluster(nodes=1, workdir=tmp_path) as cluster:
+        kube = Kube.from_kubeconfig(str(cluster.add_user(contract.ALLOCATOR_USER)))
+        sync = AdmissionPolicySync(kube, PolicySource(str(policy), "sparkgate-system"))
+        sync.run_once()  # creates both
+        sync.run_once()  # applies both again
+        kube.close()
+        found = []
+        for entry in cluster.requests.entries():
+            if entry.user == contract.ALLOCATOR_USER:
+                group = re.match(r"/apis/([^/]+)/", entry.path)
+                request = (group.group(1) if group else "", entry.resource, entry.verb, entry.name)
+                found.append(request)
+                if entry.verb == "patch" and entry.code == 201:
+                    found.append((*request[:2], "create", entry.name))
+        return found
+
+
+def test_the_admission_policy_task_is_allowed_with_its_names(kustomize: ModuleType, tmp_path: Path) -> None:
+    install = kustomize.by_kind(kustomize.install([kustomize.ADMISSION_POLICY]))
+    requests = live_admission_policy_requests(tmp_path)
+    assert {(r, v) for _, r, v, _ in requests} == {
+        (r, v)
+        for r in ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings")
+        for v in ("patch", "create")
+    }
+    denied = [req for req in requests if not any(allows(rule, *req) for rule in rules(install))]
+    assert not denied, denied
+    other = ("admissionregistration.k8s.io", "mutatingadmissionpolicies", "create", "another")
+    assert not any(allows(rule, *other) for rule in rules(install))  # by name only
+
+
 # The code only one install runs: the webhook's certificates (certs/, the base install), the rendered
 # MutatingAdmissionPolicy (allocator/admission_policy.py, the install without the webhook).
 MODE_ONLY = {"webhook": ("certs/",), "policy": ("allocator/admission_policy.py",)}
@@ -216,7 +267,12 @@ def test_every_call_in_the_code_is_granted(
     uses = mode_uses(mode)
     assert {u.resource for u in uses} >= {"pods", "configmaps", "events", "leases"}
     denied = [
-        u for u in uses if not any(allows(r, u.group, u.resource, u.verb) for r in rules(installs[mode]))
+        u
+        for u in uses
+        if not any(
+            allows(r, u.group, u.resource, u.verb, *(r.get("resourceNames", [])[:1] if u.named else []))
+            for r in rules(installs[mode])
+        )
     ]
     assert not denied, denied
 

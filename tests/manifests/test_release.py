@@ -203,3 +203,22 @@ def test_a_break_glass_context_of_the_kubeconfig_releases_and_one_without_a_user
     path.write_text(yaml.safe_dump(config))
     assert main(["release", "--kubeconfig", str(path), "-A"]) == 2
     assert "need a user to act as" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("answer", [0, 504])
+def test_a_release_whose_answer_was_lost_is_counted_and_an_unanswered_one_is_a_failure(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str], answer: int
+) -> None:
+    """Issue 37: kubesim applies the first gate removal and loses its answer. The patch is repeated (its
+    test makes that safe), the repeat's 422 is not read as "someone changed the gates", and the pod, read
+    again without its gate, is counted released: every pod the command released, no more, no less."""
+    admin = cluster.add_user("ops@example.com", groups=(contract.BREAK_GLASS_GROUP,))
+    cluster.faults.lose("patch", "pods", answer=answer, count=1)
+    assert main(["release", "--kubeconfig", str(admin), "-n", "spark-a", "--app", "app-1"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "released spark-a/app-1-exec-1 (app app-1) (the answer was lost; a re-read shows the gate gone)",
+        "released spark-a/app-1-exec-2 (app app-1)",
+        "released 2 executor pod(s)",
+    ]
+    applied = [e for e in cluster.requests.entries() if e.verb == "patch" and e.applied_write]
+    assert len(applied) == 2 and gates(cluster)["spark-a/app-1-exec-1"] == OTHER_ONLY

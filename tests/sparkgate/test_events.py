@@ -156,3 +156,25 @@ def test_the_caches_stay_within_their_bound_and_a_forgotten_series_starts_again(
     assert recorder.cached() == (3, 3)
     recorder.record({**POD, "name": "app-exec-0", "uid": "u-0"}, type="Normal", reason="Waiting", message="m")
     assert len([e for e in events(cluster) if e["involvedObject"]["name"] == "app-exec-0"]) == 2
+
+
+def test_after_leadership_lapses_events_are_recorded_quietly_and_cost_nothing(
+    cluster: Cluster, kube: Kube, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 37: each Event queued when leadership lapsed logged a warning and took a token of the client's
+    write budget before the gate refused it. Now: no request, no token (of the budget or of the spam filter),
+    no warning; the next leader reports what still holds."""
+    leading, tokens = [True], []
+    recorder = EventRecorder(
+        kube.gated(lambda: leading[0], timeout=30).limited(lambda: tokens.append(1)), clock=Clock()
+    )
+    since = len(cluster.requests.entries())
+    assert recorder.record(POD, type="Warning", reason="Stuck", message="m", series="s")
+    leading[0] = False
+    for n in range(30):  # more than the spam filter's burst
+        assert not recorder.record(POD, type="Warning", reason="Stuck", message=f"m{n}", series="s")
+    assert writes(cluster, since) == [("create", None)]  # a POST names the collection
+    assert len(tokens) == 1 and not [r for r in caplog.records if r.levelname == "WARNING"]
+    leading[0] = True  # leading again (a new term): the filter has its tokens, the series its count
+    assert recorder.record(POD, type="Warning", reason="Stuck", message="back", series="s")
+    assert events(cluster)[0]["count"] == 2

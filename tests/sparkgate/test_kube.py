@@ -26,6 +26,7 @@ from sparkgate.kube import (
     Unavailable,
     Unread,
     decode,
+    repeat_is_safe,
     resource_of,
 )
 from sparkgate.ratelimit import TokenBucket
@@ -405,7 +406,7 @@ def test_a_gated_client_checks_before_every_write_attempt_and_never_gates_reads(
     """The leader's client (sparkgate/leader.py): a write is not sent once `leading()` is false, and a
     retried write asks again before each attempt, so leadership lapsing during its backoff stops it."""
     answers = [True, False]
-    gated = kube.gated(lambda: answers.pop(0) if answers else False)
+    gated = kube.gated(lambda: answers.pop(0) if answers else False, timeout=30)
     cluster.faults.fail("create", "configmaps", 503, count=1)
     with pytest.raises(NotLeading):
         gated.create(CONFIG_MAPS, config_map("gated"))
@@ -424,3 +425,125 @@ def test_a_request_timeout_ends_a_hung_request_without_retrying(
     with pytest.raises(Unavailable):
         kube.request("GET", f"{CONFIG_MAPS}/anything", retry=False, timeout=0.5)
     assert recorder.requests == [("get", "configmaps", 0)] and recorder.sleeps == []
+
+
+JSON_PATCH = "application/json-patch+json"
+MERGE = "application/merge-patch+json"
+APPLY = "application/apply-patch+yaml"
+
+
+@pytest.mark.parametrize(
+    ("method", "query", "body", "content_type", "safe"),
+    [
+        ("GET", None, None, None, True),
+        ("POST", {"dryRun": "All"}, {"metadata": {"generateName": "x-"}}, None, True),  # stores nothing
+        ("POST", None, {"metadata": {"name": "x"}}, None, True),  # a repeat: 409 AlreadyExists
+        ("POST", None, {"metadata": {"generateName": "x-"}}, None, False),  # a repeat: a second object
+        ("PUT", None, {"metadata": {"name": "x", "resourceVersion": "7"}}, None, True),  # a repeat: 409
+        ("PUT", None, {"metadata": {"name": "x"}}, None, False),  # unconditional: may overwrite a change
+        ("DELETE", None, {"preconditions": {"uid": "u"}}, None, True),  # a repeat: 404 (or 409)
+        ("DELETE", None, {"kind": "DeleteOptions"}, None, False),  # may delete a new object of that name
+        ("PATCH", None, "{}", APPLY, True),  # the same configuration again changes nothing
+        ("PATCH", None, {"data": {"a": "1"}}, MERGE, False),
+        # sparkgate's gate removal: the test of what the patch removes fails on a repeat (422)
+        ("PATCH", None, [{"op": "test", "path": "/spec/g/1", "value": {}}, {"op": "remove", "path": "/spec/g/1"}],
+         JSON_PATCH, True),
+        ("PATCH", None, [{"op": "test", "path": "/spec/g/1/name", "value": "x"}, {"op": "remove", "path": "/spec/g/1"}],
+         JSON_PATCH, True),
+        # a test of something the patch does not change passes again: a repeat adds twice
+        ("PATCH", None, [{"op": "test", "path": "/a", "value": 1}, {"op": "add", "path": "/b/-", "value": 1}],
+         JSON_PATCH, False),
+        ("PATCH", None, [{"op": "remove", "path": "/spec/g/1"}], JSON_PATCH, False),
+    ],
+)  # fmt: skip
+def test_a_repeat_is_safe_only_when_the_api_server_refuses_it_or_it_changes_nothing(
+    method: str, query: dict[str, str] | None, body: Any, content_type: str | None, safe: bool
+) -> None:
+    assert repeat_is_safe(method, query, body, content_type) is safe
+
+
+def gated_remove(index: int) -> list[dict[str, Any]]:
+    pointer = f"/spec/schedulingGates/{index}"
+    return [
+        {"op": "test", "path": pointer, "value": {"name": "sparkgate.io/allocator"}},
+        {"op": "remove", "path": pointer},
+    ]
+
+
+@pytest.mark.parametrize("answer", [0, 500, 502, 504])
+def test_a_write_whose_answer_is_lost_is_repeated_only_where_safe_and_says_it_may_have_been_applied(
+    cluster: Cluster, kube: Kube, recorder: Recorder, answer: int
+) -> None:
+    """kubesim applies each write, then loses its answer (`Faults.lose`): no answer at all, or a 5xx without
+    Retry-After. A guarded write is repeated and its repeat refused (the API server's own doing: the first
+    landed), an apply repeated and accepted; an unguarded one is not repeated. Every error raised says the
+    write may have been applied."""
+    cluster.faults.lose("*", "*", answer=answer, count=None)
+    name = f"lost-{answer}"
+    with pytest.raises(Conflict) as exists:  # a named create: repeated, AlreadyExists
+        kube.create(CONFIG_MAPS, config_map(name, a="1"))
+    assert exists.value.reason == "AlreadyExists" and exists.value.maybe_applied
+    stored = cluster.store.get("configmaps", NS, name)
+    with pytest.raises(Conflict) as stale:  # a PUT with its resourceVersion: repeated, 409
+        kube.replace(f"{CONFIG_MAPS}/{name}", {**stored, "data": {"a": "2"}})
+    assert stale.value.maybe_applied and cluster.store.get("configmaps", NS, name)["data"] == {"a": "2"}
+    with pytest.raises(Unavailable) as unanswered:  # a merge patch: not repeated
+        kube.patch(f"{CONFIG_MAPS}/{name}", {"data": {"b": "3"}}, MERGE)
+    assert unanswered.value.maybe_applied and cluster.store.get("configmaps", NS, name)["data"]["b"] == "3"
+    cluster.store.create("pods", gated_pod(f"pod-{answer}"), namespace=NS)
+    with pytest.raises(Invalid) as tested:  # the gate removal: repeated, its test fails
+        kube.patch(f"{PODS}/pod-{answer}", gated_remove(1), JSON_PATCH)
+    assert tested.value.maybe_applied
+    with pytest.raises(NotFound) as gone:  # a DELETE with a precondition: repeated, 404
+        kube.delete(f"{CONFIG_MAPS}/{name}", preconditions={"uid": stored["metadata"]["uid"]})
+    assert gone.value.maybe_applied
+    writes = [(v, r, c) for v, r, c in recorder.requests]
+    lost_code = answer
+    assert writes == [
+        ("create", "configmaps", lost_code), ("create", "configmaps", 409),
+        ("update", "configmaps", lost_code), ("update", "configmaps", 409),
+        ("patch", "configmaps", lost_code),
+        ("patch", "pods", lost_code), ("patch", "pods", 422),
+        ("delete", "configmaps", lost_code), ("delete", "configmaps", 404),
+    ]  # fmt: skip
+
+
+def test_a_write_the_api_server_did_not_do_is_retried_whatever_it_is(
+    cluster: Cluster, kube: Kube, recorder: Recorder
+) -> None:
+    """A 429, a 5xx with Retry-After (client-go retries every verb on it) and a connection never made are
+    not applied: an unguarded write is sent again, and its success carries no doubt."""
+    kube.create(CONFIG_MAPS, config_map("unguarded"))
+    cluster.faults.fail("patch", "configmaps", 429, count=1, retry_after=0)
+    cluster.faults.fail("patch", "configmaps", 503, count=1, retry_after=0)
+    cluster.faults.fail("patch", "configmaps", 503, count=1)  # no Retry-After: not repeated
+    with pytest.raises(Unavailable) as refused:
+        kube.patch(f"{CONFIG_MAPS}/unguarded", {"data": {"b": "1"}}, MERGE)
+    assert [c for v, _, c in recorder.requests if v == "patch"] == [429, 503, 503]
+    assert refused.value.maybe_applied  # a 5xx without Retry-After: from here, nobody can tell
+    nowhere = Kube(kube.api, sleep=recorder.sleeps.append, max_attempts=3)
+    nowhere.host = "http://127.0.0.1:1"  # nothing listens: the connection is never made
+    with pytest.raises(Unavailable) as unreachable:
+        nowhere.patch(f"{CONFIG_MAPS}/unguarded", {"data": {"b": "1"}}, MERGE)
+    assert not unreachable.value.maybe_applied and len(recorder.sleeps) == 2 + 2
+
+
+def test_a_gated_write_ends_within_the_fence_on_the_client_and_the_api_server(
+    cluster: Cluster, kube: Kube
+) -> None:
+    """The leader's writes carry the fence's timeout as the `timeout` parameter (kube-apiserver's request
+    deadline: request_deadline.go), a dry run does not; a lapsed replica asks before it waits for the budget,
+    so it spends no token."""
+    waited: list[int] = []
+    leading = [True]
+    gated = kube.gated(lambda: leading[0], timeout=2.5).limited(lambda: waited.append(1))
+    gated.create(CONFIG_MAPS, config_map("fenced"))
+    gated.request("POST", CONFIG_MAPS, query={"dryRun": "All"}, body=config_map("dry"))
+    queries = [
+        e.query for e in cluster.requests.entries() if e.verb == "create" and e.resource == "configmaps"
+    ]
+    assert queries[-2:] == ["timeout=2.5s", "dryRun=All"]
+    leading[0] = False
+    with pytest.raises(NotLeading):
+        gated.create(CONFIG_MAPS, config_map("lapsed"))
+    assert len(waited) == 2, "no token for a write that is not sent"

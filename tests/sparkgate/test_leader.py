@@ -268,3 +268,65 @@ def test_a_leader_task_counts_runs_not_polls_and_not_a_followers_work() -> None:
         )
     )
     assert len(followed) == 3 and counted == []
+
+
+def test_a_follower_that_becomes_the_leader_runs_its_task_at_once_not_an_interval_late() -> None:
+    """Issue 37: a follower's `follow` ran at 0 s and set the next run an interval (60 s) later; it became
+    the leader at 2 s and did the leader's work only at 60 s. Now the first poll as the leader runs it."""
+    stop = threading.Event()
+    now = [0.0]
+    elector: Any = SimpleNamespace(leading=False, retry_period=0.01)
+    ran: list[tuple[str, float]] = []
+
+    def follow() -> None:
+        ran.append(("follow", now[0]))
+        now[0] = 2.0
+        elector.leading = True  # the Lease is this replica's from now
+
+    def work() -> None:
+        ran.append(("work", now[0]))
+        stop.set()
+
+    finish(
+        LeaderTask(
+            "probe", 60.0, work, elector=elector, own_lease=False, stop=stop, follow=follow,
+            monotonic=lambda: now[0],
+        )
+    )  # fmt: skip
+    assert ran == [("follow", 0.0), ("work", 2.0)]
+
+
+def test_the_thread_that_renews_the_lease_gives_it_up_after_its_turn(cluster: Cluster, kube: Kube) -> None:
+    """A graceful stop gives the Lease up from the leader thread, after its turn in progress: a release sent
+    from another thread beside a renew read the Lease before the renew landed and got 409 (issue 37), and
+    the follower waited a whole lease duration."""
+    elector = LeaderElector(kube, NS, "l", "a", lease_duration=15, renew_deadline=10, retry_period=0.01)
+    stop, renewing, go = threading.Event(), threading.Event(), threading.Event()
+    request = kube.request
+    senders: list[str] = []
+
+    def held(method: str, path: str, **kwargs: Any) -> Any:
+        if method == "PUT":
+            senders.append(threading.current_thread().name)
+            if len(senders) == 2:  # the second renew: in flight while the stop comes
+                renewing.set()
+                assert go.wait(60)
+        return request(method, path, **kwargs)
+
+    elector.kube.request = held  # type: ignore[method-assign]
+    thread = threading.Thread(
+        target=elector.campaign,
+        args=(stop,),
+        kwargs={"on_turn": lambda leading: None, "on_started": lambda: None, "on_lost": lambda: None},
+        name="leader",
+    )
+    thread.start()
+    assert renewing.wait(60)
+    stop.set()  # the graceful stop, while the renew is in flight
+    go.set()
+    thread.join(timeout=60)
+    assert not thread.is_alive() and not elector.leading
+    lease = cluster.store.get("leases", NS, "l")
+    assert lease["spec"]["holderIdentity"] == "" and lease["spec"]["leaseDurationSeconds"] == 1
+    assert senders == ["leader"] * 3  # two renews (the first turn created it), the release
+    assert ("update", 409) not in lease_requests(cluster)
