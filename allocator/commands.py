@@ -12,9 +12,7 @@ import argparse
 import datetime as dt
 import gc
 import logging
-import os
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Iterable
@@ -40,115 +38,185 @@ if TYPE_CHECKING:
 
 def register(subparsers: Any) -> None:
     from certs.commands import add_target_options
+    from sparkgate.cli_options import (
+        FromEnv,
+        FromEnvSwitch,
+        client_options,
+        install_namespace,
+        server_options,
+    )
 
-    env = os.environ.get
+    from .loop import Options
+    from .probe import DEFAULT_INTERVAL, DEFAULT_MAX_DRY_RUNS
+
     a = subparsers.add_parser("allocator", help="run the allocator controller (and certificate rotation)")
-    a.add_argument(
-        "--kubeconfig",
-        default=env("KUBECONFIG"),
-        help="kubeconfig file (default: in-cluster service account)",
-    )
-    a.add_argument("--policy", default=env("SPARKGATE_POLICY", "/etc/sparkgate/policy/policy.yaml"))
-    a.add_argument(
-        "--namespace",
-        default=env("SPARKGATE_NAMESPACE", contract.INSTALL_NAMESPACE),
-        help="install namespace",
-    )
+    client_options(a, "the Leases")
+    server_options(a)
+    install_namespace(a)
     a.add_argument(
         "--http",
-        default=env("SPARKGATE_ALLOCATOR_HTTP", "0.0.0.0:8080"),
-        help="HOST:PORT of /metrics, /apps, probes",
+        action=FromEnv,
+        env="SPARKGATE_ALLOCATOR_HTTP",
+        default="0.0.0.0:8080",
+        metavar="HOST:PORT",
+        help="where /metrics, /apps, the probes and the scheduler extender are served",
     )
-    a.add_argument("--lease-name", default=env("SPARKGATE_LEASE", contract.ALLOCATOR_LEASE))
-    a.add_argument("--identity", default=env("POD_NAME", socket.gethostname()))
     a.add_argument(
-        "--tick", type=float, default=1.0, help="seconds between full decisions (time-based conditions)"
+        "--lease-name",
+        action=FromEnv,
+        env="SPARKGATE_LEASE",
+        default=contract.ALLOCATOR_LEASE,
+        metavar="NAME",
+        help="the controller's Lease, in the install namespace",
+    )
+    a.add_argument(
+        "--tick",
+        type=float,
+        default=Options.tick,
+        metavar="SECONDS",
+        help="seconds between full decisions (time-based conditions)",
     )
     a.add_argument(
         "--batch-period",
         type=float,
-        default=0.005,
+        default=Options.batch_period,
+        metavar="SECONDS",
         help="seconds an app's decision waits after the first watch event that changed it, so that a burst's "
         "events are decided once",
     )
-    a.add_argument("--lease-duration", type=float, default=15.0)
-    a.add_argument("--renew-deadline", type=float, default=10.0)
-    a.add_argument("--retry-period", type=float, default=2.0)
+    a.add_argument(
+        "--lease-duration",
+        type=float,
+        default=Options.lease_duration,
+        metavar="SECONDS",
+        help="a replica takes the Lease when its holder has not renewed it for this long",
+    )
+    a.add_argument(
+        "--renew-deadline",
+        type=float,
+        default=Options.renew_deadline,
+        metavar="SECONDS",
+        help="the leader stops leading (and writing) when its last renewal is this old",
+    )
+    a.add_argument(
+        "--retry-period",
+        type=float,
+        default=Options.retry_period,
+        metavar="SECONDS",
+        help="the leader renews its Lease, and a follower tries to take it, this often",
+    )
     a.add_argument(
         "--stall-after",
         type=float,
-        default=float(env("SPARKGATE_STALL_AFTER", "300")),
+        action=FromEnv,
+        env="SPARKGATE_STALL_AFTER",
+        default=Options.stall_after,
+        metavar="SECONDS",
         help="/healthz fails when a watch or the loop made no progress for this many seconds",
     )
     a.add_argument(
-        "--backoff-base", type=float, default=0.05, help="an app's first retry after a failed write (s)"
+        "--backoff-base",
+        type=float,
+        default=Options.backoff_base,
+        metavar="SECONDS",
+        help="an app's first retry after a failed write; doubles per failure",
     )
-    a.add_argument("--backoff-cap", type=float, default=60.0, help="the longest backoff of an app (s)")
+    a.add_argument(
+        "--backoff-cap",
+        type=float,
+        default=Options.backoff_cap,
+        metavar="SECONDS",
+        help="the longest backoff of an app",
+    )
     a.add_argument(
         "--client-app-grace",
         type=float,
-        default=float(env("SPARKGATE_CLIENT_APP_GRACE", "300")),
+        action=FromEnv,
+        env="SPARKGATE_CLIENT_APP_GRACE",
+        default=Options.client_grace,
+        metavar="SECONDS",
         help="a client-mode app (no driver pod) with no sign of life this many seconds is over",
     )
     a.add_argument(
         "--history-retention",
         type=float,
-        default=float(env("SPARKGATE_HISTORY_RETENTION", "3600")),
+        action=FromEnv,
+        env="SPARKGATE_HISTORY_RETENTION",
+        default=Options.history_retention,
+        metavar="SECONDS",
         help="seconds a finished app's deletion history is kept",
     )
     a.add_argument(
         "--history-executor-ids",
         type=int,
-        default=int(env("SPARKGATE_HISTORY_EXECUTOR_IDS", "1000")),
+        action=FromEnv,
+        env="SPARKGATE_HISTORY_EXECUTOR_IDS",
+        default=Options.history_executor_ids,
+        metavar="IDS",
         help="deleted executor ids kept per app (their reuse is refused)",
     )
     a.add_argument(
         "--certs",
-        action=argparse.BooleanOptionalAction,
-        default=env("SPARKGATE_CERTS_SYNC", "true").lower() not in ("false", "0", "no"),
-        help="run certificate rotation under the sparkgate-certs Lease ($SPARKGATE_CERTS_SYNC)",
+        action=FromEnvSwitch,
+        env="SPARKGATE_CERTS_SYNC",
+        default=True,
+        help="run certificate rotation under the sparkgate-certs Lease",
     )
     add_target_options(a)
-    a.add_argument("--log-level", default=env("SPARKGATE_LOG_LEVEL", "info"))
     a.add_argument(
         "--kube-api-qps",
         type=float,
         default=100.0,
+        metavar="WRITES_PER_SECOND",
         help="the allocator's writes (gate removals, config maps, deletions, events) per second, on average",
     )
     a.add_argument(
-        "--kube-api-burst", type=int, default=200, help="the allocator's writes sent at once, above the QPS"
+        "--kube-api-burst",
+        type=int,
+        default=200,
+        metavar="WRITES",
+        help="the allocator's writes sent at once, above the QPS",
     )
     a.add_argument(
         "--probe-interval",
         type=float,
-        default=300.0,
+        default=DEFAULT_INTERVAL,
+        metavar="SECONDS",
         help="seconds between dry-run probes of the policy's profiles while leading (0: never)",
     )
     a.add_argument(
         "--probe-max-dry-runs",
         type=_dry_runs,
-        default=100,
+        default=DEFAULT_MAX_DRY_RUNS,
+        metavar="DRY_RUNS",
         help="at most this many dry-run pod creations per probe run (>= 2); the pairs left over are "
         "probed by the next runs, rotating through the namespaces",
     )
     a.add_argument(
         "--admission",
         choices=("webhook", "policy"),
-        default=env("SPARKGATE_ADMISSION", "webhook"),
+        action=FromEnv,
+        env="SPARKGATE_ADMISSION",
+        default="webhook",
         help="policy: keep the MutatingAdmissionPolicy rendered from the policy applied while leading, for the "
-        "install without the webhook ($SPARKGATE_ADMISSION; docs/install.md)",
+        "install without the webhook (docs/install.md)",
     )
     a.set_defaults(run=run_allocator)
 
     s = subparsers.add_parser("status", help="show the allocator's view of every app")
-    s.add_argument("--url", default=env("SPARKGATE_ALLOCATOR_URL", "http://127.0.0.1:8080"))
+    s.add_argument(
+        "--url",
+        action=FromEnv,
+        env="SPARKGATE_ALLOCATOR_URL",
+        default="http://127.0.0.1:8080",
+        help="the allocator to ask (its --http)",
+    )
     s.add_argument(
         "-o",
         "--output",
         choices=OUTPUTS,
         default="table",
-        help="table (default), wide (more columns), or the /apps document as json or yaml",
+        help="table, wide (more columns), or the /apps document as json or yaml",
     )
     s.set_defaults(run=run_status)
 

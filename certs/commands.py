@@ -19,28 +19,26 @@ import base64
 import datetime as dt
 import os
 import signal
-import socket
 import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 from sparkgate import contract
+from sparkgate.cli_options import DURATION_UNITS, FromEnv, client_options, install_namespace, switch
 
 from .material import fresh
 from .pki import service_dns_names
 from .plan import CA_CRT, CA_KEY, TLS_CRT, TLS_KEY, Lifetimes
 
-UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
-
 
 def duration(value: str) -> dt.timedelta:
     """`90d`, `12h`, `10m`, `30s` or `1.5d`; a bare number is days."""
     text = value.strip().lower()
-    unit = UNITS.get(text[-1:]) if text else None
+    unit = DURATION_UNITS.get(text[-1:]) if text else None
     number = text[:-1] if unit is not None else text
     try:
-        seconds = float(number) * (unit or UNITS["d"])
+        seconds = float(number) * (unit or DURATION_UNITS["d"])
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a duration (like 90d, 12h, 10m, 30s)") from None
     if seconds <= 0:
@@ -49,7 +47,6 @@ def duration(value: str) -> dt.timedelta:
 
 
 def _lifetime_options(p: argparse.ArgumentParser) -> None:
-    env = os.environ.get
     defaults = Lifetimes()
     for flag, variable, default, what in (
         ("--ca-lifetime", "SPARKGATE_CA_LIFETIME", defaults.ca, "CA lifetime"),
@@ -59,9 +56,14 @@ def _lifetime_options(p: argparse.ArgumentParser) -> None:
         ("--ca-overlap", "SPARKGATE_CA_OVERLAP", defaults.overlap, "how long a new CA is trusted before the serving certificate switches to it"),
         ("--ca-keep-previous", "SPARKGATE_CA_KEEP_PREVIOUS", defaults.keep_previous, "how long the old CA stays trusted after the switch"),
     ):  # fmt: skip
-        raw = env(variable)
         p.add_argument(
-            flag, type=duration, default=duration(raw) if raw else default, help=f"{what} (${variable})"
+            flag,
+            type=duration,
+            action=FromEnv,
+            env=variable,
+            default=default,
+            metavar="DURATION",
+            help=f"{what}, as 90d, 12h, 10m or 30s",
         )
 
 
@@ -78,19 +80,31 @@ def lifetimes_from(args: argparse.Namespace) -> Lifetimes:
 
 def add_target_options(p: argparse.ArgumentParser, *interval_aliases: str) -> None:
     """Where the certificates live, which webhook configurations trust them, their lifetimes and cycle."""
-    env = os.environ.get
-    p.add_argument("--service", default=env("SPARKGATE_WEBHOOK_SERVICE", contract.WEBHOOK_SERVICE))
-    p.add_argument("--secret", default=env("SPARKGATE_CERT_SECRET", contract.CERT_SECRET))
+    _service_option(p)
+    p.add_argument(
+        "--secret",
+        action=FromEnv,
+        env="SPARKGATE_CERT_SECRET",
+        default=contract.CERT_SECRET,
+        metavar="NAME",
+        help="the Secret of the certificates, in the install namespace",
+    )
     p.add_argument(
         "--webhook-configuration",
-        default=env("SPARKGATE_WEBHOOK_CONFIGURATION", contract.WEBHOOK_CONFIGURATION),
+        action=FromEnv,
+        env="SPARKGATE_WEBHOOK_CONFIGURATION",
+        default=contract.WEBHOOK_CONFIGURATION,
+        metavar="NAME",
         help="name of both the mutating and the validating webhook configuration",
     )
     p.add_argument(
         "--certs-interval",
         *interval_aliases,
         type=float,
-        default=float(env("SPARKGATE_CERTS_INTERVAL", "60")),
+        action=FromEnv,
+        env="SPARKGATE_CERTS_INTERVAL",
+        default=60.0,
+        metavar="SECONDS",
         help="seconds between certificate sync cycles",
     )
     _lifetime_options(p)
@@ -110,7 +124,6 @@ def target_from(args: argparse.Namespace, namespace: str) -> Any:
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
-    env = os.environ.get
     certs = subparsers.add_parser("certs", help="the webhook's TLS certificates")
     verbs = certs.add_subparsers(dest="verb", required=True, metavar="VERB")
 
@@ -119,10 +132,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="write a CA and a serving certificate for the webhook Service to a directory",
         description="Writes ca.crt, ca.key, tls.crt and tls.key (keys mode 0600) and prints the caBundle.",
     )
-    gen.add_argument("--namespace", default=env("SPARKGATE_NAMESPACE", contract.INSTALL_NAMESPACE))
-    gen.add_argument("--service", default=env("SPARKGATE_WEBHOOK_SERVICE", contract.WEBHOOK_SERVICE))
+    install_namespace(gen)
+    _service_option(gen)
     _lifetime_options(gen)
-    gen.add_argument("--out", required=True, type=Path, help="directory (created if missing)")
+    gen.add_argument(
+        "--out", required=True, type=Path, metavar="DIRECTORY", help="directory (created if missing)"
+    )
     gen.add_argument("--force", action="store_true", help="overwrite existing files")
     gen.set_defaults(run=_generate)
 
@@ -130,17 +145,33 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "sync",
         help="create, rotate and inject the certificates in the cluster (run by sparkgate itself)",
     )
-    sync.add_argument("--namespace", default=env("SPARKGATE_NAMESPACE", contract.INSTALL_NAMESPACE))
+    install_namespace(sync)
     add_target_options(sync, "--interval")
     mode = sync.add_mutually_exclusive_group(required=True)
     mode.add_argument("--once", action="store_true", help="one cycle, no Lease; exit 1 on failure")
     mode.add_argument(
         "--loop", action="store_true", help="a cycle every --certs-interval while holding the Lease"
     )
-    sync.add_argument("--kubeconfig", default=env("KUBECONFIG"))
-    sync.add_argument("--identity", default=env("POD_NAME") or socket.gethostname())
-    sync.add_argument("--metrics-port", type=int, default=0, help="serve /metrics on this port (loop)")
+    client_options(sync, "the sparkgate-certs Lease")
+    sync.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="serve /metrics on this port (loop; 0: none)",
+    )
     sync.set_defaults(run=_sync)
+
+
+def _service_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--service",
+        action=FromEnv,
+        env="SPARKGATE_WEBHOOK_SERVICE",
+        default=contract.WEBHOOK_SERVICE,
+        metavar="NAME",
+        help="the Service the serving certificate is issued for, in the install namespace",
+    )
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -166,7 +197,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def sync_enabled() -> bool:
-    return os.environ.get("SPARKGATE_CERTS_SYNC", "true").lower() not in ("false", "0", "no")
+    return switch(os.environ.get("SPARKGATE_CERTS_SYNC", "true"))
 
 
 def _sync(args: argparse.Namespace) -> int:

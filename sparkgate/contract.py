@@ -24,6 +24,7 @@ CERT_SECRET = "sparkgate-webhook-tls"
 WEBHOOK_SERVICE = "sparkgate-webhook"
 WEBHOOK_CONFIGURATION = "sparkgate"
 POLICY_CONFIGMAP = "sparkgate-policy"  # the policy's ConfigMap (configMapGenerator in manifests/base)
+POLICY_FILE = "/etc/sparkgate/policy/policy.yaml"  # where the pod mounts it (the processes' --policy)
 # Besides the allocator, the only ones the gate protection lets remove the gate: the admin's break-glass
 # path (`sparkgate release`). The install binds nobody to it; an admin binds themselves when needed.
 BREAK_GLASS_GROUP = "sparkgate:break-glass"

@@ -14,7 +14,7 @@ import argparse
 import sys
 from typing import Any
 
-from sparkgate import contract
+from sparkgate.cli_options import install_namespace
 from sparkgate.kube import Kube, KubeError, add_impersonation_arguments, kubeconfig_path
 from sparkgate.policy import Policy, PolicyError, Scheduling, SchedulingOverride, load_policy
 
@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     verbs = policy.add_subparsers(dest="verb", required=True, metavar="VERB")
     check = verbs.add_parser("check", help="validate a policy file and summarise it")
     check.add_argument("file", help="policy YAML file")
-    check.add_argument("--install-namespace", default=contract.INSTALL_NAMESPACE)
+    install_namespace(check, "--install-namespace", in_pod=False)
     check.add_argument(
         "--cluster",
         action="store_true",
@@ -34,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     check.add_argument(
         "--kubeconfig",
+        metavar="FILE",
         help="kubeconfig file for --cluster (default: $KUBECONFIG, else ~/.kube/config, else the in-cluster "
         "service account)",
     )
@@ -174,7 +175,7 @@ def _register_render(verbs: argparse._SubParsersAction[Any]) -> None:
         help="policy: a MutatingAdmissionPolicy and its binding (admissionregistration.k8s.io/v1, "
         "Kubernetes 1.36+) that do what the webhook does, without the webhook (docs/install.md)",
     )
-    render.add_argument("--install-namespace", default=contract.INSTALL_NAMESPACE)
+    install_namespace(render, "--install-namespace", in_pod=False)
     render.set_defaults(run=_render)
 
 

@@ -58,6 +58,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument(
         "--kubeconfig",
+        metavar="FILE",
         help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else the in-cluster service account)",
     )
     add_impersonation_arguments(

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from sparkgate import contract
+from sparkgate.cli_options import FromEnv, FromEnvRepeated, install_namespace, server_options
 from sparkgate.json_patch import apply_patch
 from sparkgate.policy import PolicyError, load_policy
 
@@ -23,37 +24,67 @@ from .review import BadReview, parse_review
 
 
 def register(subparsers: Any) -> None:
+    from .server import ServerOptions
+
     p = subparsers.add_parser(
         "mutate",
         help="show what the policy does to an executor pod",
         description="Print the pod as the webhook would admit it (or, with --patch, the JSON Patch).",
     )
-    p.add_argument("--policy", required=True, help="policy file (YAML)")
-    p.add_argument("--namespace", help="namespace of the pod when INPUT is a bare pod without one")
-    p.add_argument("--install-namespace", default=contract.INSTALL_NAMESPACE)
+    p.add_argument("--policy", required=True, metavar="FILE", help="policy file (YAML)")
+    p.add_argument(
+        "--namespace", help="namespace of the pod when INPUT is a bare pod without one (else: default)"
+    )
+    install_namespace(p, "--install-namespace", in_pod=False)
     p.add_argument("--patch", action="store_true", help="print the JSON Patch operations instead")
     p.add_argument("input", help="a pod or an AdmissionReview, YAML or JSON; - for stdin")
     p.set_defaults(run=run_mutate)
 
-    env = os.environ.get
     w = subparsers.add_parser("webhook", help="run the admission webhook (gunicorn, TLS)")
-    w.add_argument("--bind", default=env("SPARKGATE_BIND", "0.0.0.0:8443"))
+    server_options(w)
+    w.add_argument(
+        "--bind",
+        action=FromEnv,
+        env="SPARKGATE_BIND",
+        default="0.0.0.0:8443",
+        metavar="HOST:PORT",
+        help="where the webhook serves TLS",
+    )
     w.add_argument(
         "--cert-dir",
-        default=env("SPARKGATE_CERT_DIR", "/etc/sparkgate/tls"),
+        action=FromEnv,
+        env="SPARKGATE_CERT_DIR",
+        default="/etc/sparkgate/tls",
+        metavar="DIRECTORY",
         help="directory holding tls.crt and tls.key (the layout of a kubernetes.io/tls Secret volume)",
     )
-    w.add_argument("--policy", default=env("SPARKGATE_POLICY", "/etc/sparkgate/policy/policy.yaml"))
-    w.add_argument("--install-namespace", default=env("SPARKGATE_NAMESPACE", contract.INSTALL_NAMESPACE))
-    w.add_argument("--workers", type=int, default=int(env("SPARKGATE_WEBHOOK_WORKERS", "2")))
-    w.add_argument("--threads", type=int, default=int(env("SPARKGATE_WEBHOOK_THREADS", "4")))
+    install_namespace(w, "--install-namespace")
+    w.add_argument(
+        "--workers",
+        type=int,
+        action=FromEnv,
+        env="SPARKGATE_WEBHOOK_WORKERS",
+        default=ServerOptions.workers,
+        metavar="PROCESSES",
+        help="gunicorn worker processes",
+    )
+    w.add_argument(
+        "--threads",
+        type=int,
+        action=FromEnv,
+        env="SPARKGATE_WEBHOOK_THREADS",
+        default=ServerOptions.threads,
+        metavar="THREADS",
+        help="threads per worker",
+    )
     w.add_argument(
         "--allocator-user",
-        action="append",
-        default=None,
-        help=f"user allowed to remove the gate (repeatable; default {contract.ALLOCATOR_USER})",
+        action=FromEnvRepeated,
+        env="SPARKGATE_ALLOCATOR_USER",
+        default=contract.ALLOCATOR_USER,
+        metavar="USER",
+        help="the user allowed to remove the gate besides the break-glass group (repeatable)",
     )
-    w.add_argument("--log-level", default=env("SPARKGATE_LOG_LEVEL", "info"))
     w.set_defaults(run=run_webhook)
 
 
@@ -117,15 +148,12 @@ def run_webhook(args: argparse.Namespace) -> int:
         os.execv(sys.executable, [sys.executable, "-m", "sparkgate.cli", *sys.argv[1:]])
     from .server import ServerOptions, WebhookServer
 
-    users = frozenset(
-        args.allocator_user or [os.environ.get("SPARKGATE_ALLOCATOR_USER", contract.ALLOCATOR_USER)]
-    )
     options = ServerOptions(
         bind=args.bind,
         cert_dir=args.cert_dir,
         policy=args.policy,
         install_namespace=args.install_namespace,
-        allocator_users=users,
+        allocator_users=frozenset(args.allocator_user),
         workers=args.workers,
         threads=args.threads,
         log_level=args.log_level,

@@ -24,9 +24,14 @@ def register(subparsers: Any) -> None:
         description="Runs the real webhook (gunicorn, TLS) and the real allocator against kubesim, a "
         "simulated cluster too small for its Spark applications: first without sparkgate, then with it.",
     )
-    d.add_argument("--scenario", choices=sorted(SCENARIOS), default=DEFAULT)
     d.add_argument(
-        "--duration", type=float, help="bound of each of the two runs, seconds (default: the scenario's)"
+        "--scenario", choices=sorted(SCENARIOS), default=DEFAULT, help="the workload and cluster (--list)"
+    )
+    d.add_argument(
+        "--duration",
+        type=float,
+        metavar="SECONDS",
+        help="bound of each of the two runs (default: the scenario's)",
     )
     d.add_argument(
         "--admission",
@@ -36,7 +41,7 @@ def register(subparsers: Any) -> None:
         "MutatingAdmissionPolicy the allocator renders from the policy (docs/install.md)",
     )
     d.add_argument("--no-live", action="store_true", help="plain progress lines instead of the live view")
-    d.add_argument("--json", type=Path, help="also write the comparison to this file")
+    d.add_argument("--json", type=Path, metavar="FILE", help="also write the comparison to this file")
     d.add_argument(
         "--pacing",
         choices=("adaptive", "fixed"),

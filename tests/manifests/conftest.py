@@ -1,6 +1,7 @@
-"""The manifests rendered once per session by tests/manifests/kustomize.py (`kubectl kustomize`), and what the
-install tests need to run them on kubesim: patient webhook configurations, Secret volumes written as the
-kubelet writes them, executor pods as Spark sends them."""
+"""The manifests rendered once per session by tests/manifests/kustomize.py (`kubectl kustomize`, with the
+virtual environment's kubectl, which the run names after collection), and what the install tests need to
+run them on kubesim: patient webhook configurations, Secret volumes written as the kubelet writes them,
+executor pods as Spark sends them."""
 
 from __future__ import annotations
 
@@ -39,9 +40,21 @@ def _load_kustomize() -> ModuleType:
     return module
 
 
+KUSTOMIZE = _load_kustomize()
+
+
 @pytest.fixture(scope="session")
 def kustomize() -> ModuleType:
-    return _load_kustomize()
+    return KUSTOMIZE
+
+
+def pytest_report_collectionfinish() -> str:
+    """Which kubectl renders the manifests (printed after collection, with -q too)."""
+    try:
+        kubectl, kustomize = KUSTOMIZE.versions()
+    except KUSTOMIZE.KustomizeError as e:
+        return f"manifests rendered by: no kubectl: {e}"
+    return f"manifests rendered by: kubectl {kubectl} (kustomize {kustomize}) at {KUSTOMIZE.kubectl()}"
 
 
 @pytest.fixture(scope="session")

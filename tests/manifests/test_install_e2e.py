@@ -583,7 +583,7 @@ def test_installing_into_another_namespace_as_documented(
         own = tmp_path / "my-sparkgate"
         own.mkdir(exist_ok=True)
         (own / "kustomization.yaml").write_text(yaml.safe_dump(kustomize.kustomization(own, components)))
-        subprocess.run(["bash", "-o", "pipefail", "-c", render], cwd=tmp_path, check=True, timeout=120)
+        subprocess.run(kustomize.shell(render), cwd=tmp_path, check=True, timeout=120)
         result = (tmp_path / output).read_text()
         assert "sparkgate-system" not in result
         return [o for o in yaml.safe_load_all(result) if o]
