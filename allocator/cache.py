@@ -112,6 +112,7 @@ class _Condition(TypedDict, total=False):
     type: str | None
     status: str | None
     reason: str | None
+    message: str | None
 
 
 class _Status(TypedDict, total=False):
@@ -153,11 +154,19 @@ def pod_record(obj: Obj) -> PodRecord | None:
         for v in spec.get("volumes") or []
         if str(v.get("name", "")).startswith(COPY_VOLUME_PREFIX) and (v.get("configMap") or {}).get("name")
     )
-    # kube-scheduler's verdict on a pod it could not place (pkg/scheduler/schedule_one.go, handleSchedulingFailure)
-    unschedulable = any(
-        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
-        for c in status.get("conditions") or ()
-    )
+    # kube-scheduler's verdict on a pod it could not place (pkg/scheduler/schedule_one.go,
+    # handleSchedulingFailure), or sparkgate's own mark on a pod it holds (contract.HELD_MARK), or the API
+    # server's SchedulingGated, which the mark replaces.
+    unschedulable = held_mark = False
+    gated_condition = None
+    for i, c in enumerate(status.get("conditions") or ()):
+        if c.get("type") != "PodScheduled" or c.get("status") != "False":
+            continue
+        if c.get("reason") == "Unschedulable":
+            held_mark = contract.is_held_mark(c.get("message"))
+            unschedulable = not held_mark
+        elif c.get("reason") == contract.SCHEDULING_GATED:
+            gated_condition = i
     # The values every pod of an app (or of a node) repeats are interned: one string each, not one per pod
     # (a third of a record's memory, bench/scale.py).
     return PodRecord(
@@ -182,6 +191,8 @@ def pod_record(obj: Obj) -> PodRecord | None:
         finished=finished,
         copies=copies,
         unschedulable=unschedulable,
+        held_mark=held_mark,
+        gated_condition=gated_condition,
     )
 
 

@@ -295,6 +295,7 @@ def assemble(
         on_sending=lambda action, at: bind_times.released(action.pod.uid, at),
         on_delete=lambda action: parts["controller"].on_delete(action),
         on_gate_removed=metrics.gate_removal.observe,
+        on_mark=lambda action, outcome: metrics.demand_marks.labels(outcome).inc(),
     )
     cache.pod_observers.append(actor.observe)
 

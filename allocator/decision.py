@@ -50,7 +50,7 @@ from sparkgate import contract
 from sparkgate.contract import AppKey
 from sparkgate.policy import Allocation, Policy, Profile
 
-from . import pacing
+from . import demand, pacing
 from .model import (
     Action,
     AppMemory,
@@ -324,6 +324,21 @@ def _decide_app(
         due[key] = bound  # the hold then, and the registry's sign of life
     waiting, released = _release(key, app, gated, missing, allocation, policy, mem, now, budgets, hits)
     out.extend(released)
+    # The pods it still holds, shown to the cluster autoscaler (demand.py): after the releases, so a pod
+    # released by this decision is never marked.
+    left = {a.pod.uid for a in released if isinstance(a, Release)}
+    marks, mark_due = demand.marks(
+        key,
+        [p for p in gated if p.uid not in left] if left else gated,
+        waiting[0] if waiting is not None else None,
+        allocation,
+        policy,
+        mem,
+        now,
+    )
+    out.extend(marks)
+    if mark_due is not None:
+        due[key] = min(mark_due, due.get(key, mark_due))
     if waiting is not None and waiting[0] == "delay" and mem.last_release_at is not None:
         end = mem.last_release_at + allocation.batch_delay_seconds
         due[key] = min(end, due.get(key, end))

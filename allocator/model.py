@@ -73,7 +73,13 @@ class PodRecord(msgspec.Struct, frozen=True, gc=False):
     gate_index: int | None = None  # position of the sparkgate gate in spec.schedulingGates (for the patch)
     finished: float | None = None  # when its container terminated (finishedAt), unix seconds, if known
     copies: tuple[str, ...] = ()  # the sparkgate config-map copies its volumes mount (chosen at admission)
-    unschedulable: bool = False  # condition PodScheduled=False, reason Unschedulable: the scheduler's verdict
+    # PodScheduled=False, reason Unschedulable, from kube-scheduler: its verdict. Not sparkgate's own mark
+    # (`held_mark`), which a pod just released still carries until the scheduler has tried it.
+    unschedulable: bool = False
+    held_mark: bool = False  # PodScheduled=False/Unschedulable written by sparkgate (contract.HELD_MARK)
+    # Index in status.conditions of its PodScheduled condition while that says SchedulingGated (the API
+    # server's, on a gated pod): the condition sparkgate's mark replaces (contract.demand_mark).
+    gated_condition: int | None = None
 
     @property
     def app(self) -> AppKey:
@@ -266,6 +272,9 @@ class AppMemory:
     # Its released pods the scheduler refused, in flight, each with when it was first seen refused
     # (pacing.py `refusals`): what the refused-pod bound (unschedulableSeconds) is measured from.
     refused: Mapping[str, float] = field(default_factory=dict)
+    # Its gated pods whose demand mark was handed to the actor (uids, demand.py): never marked twice. Pruned
+    # to the pods still gated at each decision that marks.
+    marked: frozenset[str] = frozenset()
 
 
 # --- actions -------------------------------------------------------------------------------------
@@ -317,4 +326,14 @@ class Event:
     count: int | None = None  # occurrences counted by the decision (an app's bypassed pods); None: one more
 
 
-Action = Release | CreateConfigMap | DeletePod | DeleteConfigMap | Event
+@dataclass(frozen=True, slots=True)
+class MarkHeld:
+    """Write sparkgate's PodScheduled=False/Unschedulable on a pod it holds (allocator/demand.py), so that the
+    cluster autoscaler counts it; `why` says what holds it."""
+
+    app: AppKey
+    pod: PodRecord
+    why: str
+
+
+Action = Release | CreateConfigMap | DeletePod | DeleteConfigMap | Event | MarkHeld

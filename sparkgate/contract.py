@@ -143,3 +143,48 @@ def source_digest(source: str) -> str:
 def configmap_volume_name(source: str) -> str:
     """Name of the pod volume that mounts the copy of `source` (unique per source within a pod)."""
     return f"sparkgate-{_name_part(source, 40)}-{_digest(source)[:8]}"
+
+
+# --- demand: sparkgate's mark on the executor pods it holds (docs/policy.md "autoscalerDemand") ----------
+# cluster-autoscaler and Karpenter count a pending pod only when its PodScheduled condition is False with
+# reason Unschedulable (docs/real-cluster-facts.md, "cluster-autoscaler and a gated pod"); the API server
+# writes reason SchedulingGated on a gated pod. The allocator writes the autoscaler's reason on the pods it
+# holds, with a message that starts with HELD_MARK: how it tells its own condition from kube-scheduler's
+# verdict (whose message starts "0/N nodes are available"), which replaces it once the pod is released.
+# The install's ValidatingAdmissionPolicy sparkgate-allocator-pod-updates allows the allocator this
+# condition, with this mark, on a pod that carries the gate, and no other change of a pod's status.
+HELD_MARK = "Held by sparkgate:"
+SCHEDULING_GATED = "SchedulingGated"  # the API server's reason on a gated pod (pod strategy PrepareForCreate)
+
+
+def is_held_mark(message: object) -> bool:
+    """A PodScheduled message that sparkgate wrote on a pod it held (not the scheduler's verdict)."""
+    return isinstance(message, str) and message.startswith(HELD_MARK)
+
+
+def held_condition(why: str, at: str) -> dict[str, Any]:
+    """The PodScheduled condition sparkgate writes on a held executor: `why` in a Spark user's words (what
+    `kubectl describe pod` shows), `at` (RFC 3339) its lastTransitionTime: the autoscaler's pod observer
+    starts a loop at once for a condition that changed less than 10 s ago (cluster-autoscaler
+    pkg/loop/trigger.go), so the time is when it was written, not the gate's."""
+    return {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": f"{HELD_MARK} {why}",
+        "lastTransitionTime": at,
+    }
+
+
+def demand_mark(gate: int, condition: int, why: str, at: str) -> list[dict[str, Any]]:
+    """The JSON Patch (pods/status) that marks a held pod: it tests that its PodScheduled condition (at
+    `condition`) still says SchedulingGated and that the gate (at `gate`) is still there, then replaces the
+    condition. A pod released or marked meanwhile fails the test (422) and is left alone; a repeat of a patch
+    that landed fails it too (sparkgate/kube.py `repeat_is_safe`)."""
+    pointer = f"/status/conditions/{condition}"
+    return [
+        {"op": "test", "path": f"{pointer}/reason", "value": SCHEDULING_GATED},
+        {"op": "test", "path": f"{pointer}/type", "value": "PodScheduled"},
+        {"op": "test", "path": f"/spec/schedulingGates/{gate}/name", "value": GATE},
+        {"op": "replace", "path": pointer, "value": held_condition(why, at)},
+    ]
