@@ -279,6 +279,7 @@ def test_cert_manager_hands_certificates_over(kustomize: ModuleType, components:
     }
     assert granted == {
         "pods",
+        "pods/status",
         "configmaps",
         "events",
         "leases",
