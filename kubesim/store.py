@@ -731,7 +731,15 @@ class Store:
                 # `pods/status` sees it (a ValidatingAdmissionPolicy on it). Nothing here mutates a status.
                 meta = new.get("metadata") or {}
                 request = AdmissionRequest(
-                    "UPDATE", resource, subresource, meta.get("namespace", ""), name, new, current, user, dry_run
+                    "UPDATE",
+                    resource,
+                    subresource,
+                    meta.get("namespace", ""),
+                    name,
+                    new,
+                    current,
+                    user,
+                    dry_run,
                 )
             check_object(resource, r.kind, new)
             self._validate(request, new)
