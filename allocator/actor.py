@@ -217,7 +217,7 @@ class Actor:
         result = AppResult()
         first = self._attempt(marks[0])
         result.dropped = first.dropped
-        if len(marks) > 1 and not first.dropped and not self._refused_marks(marks[0].app):
+        if len(marks) > 1 and not first.dropped:  # after a refusal each is `skipped` unsent (`mark`)
             for done in [self._writes.submit(self._attempt, action) for action in marks[1:]]:
                 result.dropped |= done.result().dropped
         return result

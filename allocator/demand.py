@@ -12,13 +12,17 @@ verdict (or binds the pod) once the pod is released; nothing is left to clean up
 
 Which pods and when (`marks`): every gated pod of an app that sparkgate holds (by the app's, its namespace's or
 the cluster's limit, its pacing, or its refused pods; not by a missing source ConfigMap, whose pods could not
-start on a new node either), once the app has waited DEMAND_AFTER_SECONDS since its last release. On a cluster
-with room an app's pods wait milliseconds for its window and are never marked (zero writes); once all of them
-run, there is nothing to mark (zero in steady state); a pod is marked at most once (the app's memory keeps the
-uids handed to the actor, and a pod that shows sparkgate's condition is not marked again). The delay is
-cluster-autoscaler's own horizon: it does not scale up for unschedulable pods all younger than 2 s
-(`unschedulablePodTimeBuffer`, kubesim/autoscaler.py), so a pod marked then is acted on no later than one the
-scheduler had marked at its creation. With a ProvisioningRequest class in force for the app
+start on a new node either), at once when the app is held by its refused pods (the scheduler's word that there
+is no room: the pods it holds would not fit either), else once the app has had no release for
+DEMAND_AFTER_SECONDS. On a cluster with room an app's pods wait milliseconds for its window or a free slot and
+are never marked (zero writes); once all of them run, there is nothing to mark (zero in steady state); a pod
+is marked at most once (the app's memory keeps the uids handed to the actor, and a pod that shows sparkgate's
+condition is not marked again). The delay is cluster-autoscaler's own horizon: it does not scale up for
+unschedulable pods all younger than 2 s (`unschedulablePodTimeBuffer`, kubesim/autoscaler.py), so a pod marked
+then is acted on no later than one the scheduler had marked at its creation. Marked at once, the held pods
+of an app held by its refusals land within that horizon too: the autoscaler's first scale-up after it
+plans for them with the refused ones (marked one by one, a real cluster-autoscaler scaled up in three steps
+instead of one: docs/real-cluster-facts.md). With a ProvisioningRequest class in force for the app
 (allocator/provisioning.py), its held pods are asked for through the request and not marked: the autoscaler
 would otherwise scale up for them twice.
 
@@ -109,7 +113,7 @@ def marks(
     if not fresh or mem.waiting_since is None:
         return [], None
     due = mem.waiting_since + DEMAND_AFTER_SECONDS
-    if now < due:
+    if now < due and scope != "unschedulable":
         return [], due
     gated = {p.uid for p in held}
     mem.marked = frozenset(u for u in mem.marked if u in gated) | {p.uid for p in fresh}
