@@ -55,7 +55,18 @@ from sparkgate.events import EventRecorder
 from sparkgate.kube import Conflict, Invalid, Kube, KubeError, NotFound, NotLeading, Unread
 
 from . import demand
-from .model import Action, CreateConfigMap, DeleteConfigMap, DeletePod, Event, MarkHeld, PodRecord, Release
+from .model import (
+    Action,
+    CreateConfigMap,
+    CreateRequest,
+    DeleteConfigMap,
+    DeletePod,
+    DeleteRequest,
+    Event,
+    MarkHeld,
+    PodRecord,
+    Release,
+)
 
 log = logging.getLogger(__name__)
 
@@ -336,6 +347,10 @@ class Actor:
             self.event(action)
         elif isinstance(action, MarkHeld):
             self.mark(action)
+        elif isinstance(action, CreateRequest):
+            self.create_request(action)
+        elif isinstance(action, DeleteRequest):
+            self.delete_request(action)
 
     def release(self, action: Release) -> None:
         pod = action.pod
@@ -347,7 +362,9 @@ class Actor:
             self.on_sending(action, self.clock())
         self.kube.patch(
             f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
-            contract.gate_removal(pod.gate_index),
+            contract.gate_removal(pod.gate_index)
+            if action.consume is None
+            else contract.consuming_release(pod.gate_index, *action.consume),
             "application/json-patch+json",
             shape=Unread,  # the answer is the whole pod; its watch event is what the cache reads
         )
@@ -382,6 +399,62 @@ class Actor:
             if e.reason != "AlreadyExists":
                 raise
 
+    def create_request(self, action: CreateRequest) -> None:
+        """The PodTemplate, made from the held executor as the API server stored it, then the
+        ProvisioningRequest for `count` pods of it (allocator/provisioning.py); one that exists is fine."""
+        namespace = action.app.namespace
+        pod = self.kube.get(f"/api/v1/namespaces/{namespace}/pods/{action.pod.name}")
+        meta: dict[str, Any] = {
+            "name": action.name,
+            "namespace": namespace,
+            "labels": {
+                contract.LABEL_APP_ID: action.app.app_id,
+                contract.LABEL_ROLE: contract.ROLE_EXECUTOR,
+                contract.LABEL_MANAGED_BY: contract.MANAGED_BY,
+            },
+        }
+        if action.owner is not None:
+            meta["ownerReferences"] = [
+                {"apiVersion": "v1", "kind": "Pod", "name": action.owner.name, "uid": action.owner.uid}
+            ]
+        template = {
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": meta,
+            "template": pod_template(pod),
+        }
+        request = {
+            "apiVersion": "autoscaling.x-k8s.io/v1",
+            "kind": "ProvisioningRequest",
+            "metadata": meta,
+            "spec": {
+                "provisioningClassName": action.class_name,
+                "podSets": [{"podTemplateRef": {"name": action.name}, "count": action.count}],
+            },
+        }
+        try:  # each a POST of a named object: one that exists (a repeat, a former leader's) is done
+            self.kube.create(f"/api/v1/namespaces/{namespace}/podtemplates", template)
+        except Conflict as e:
+            if e.reason != "AlreadyExists":
+                raise
+        try:
+            self.kube.create(
+                f"/apis/autoscaling.x-k8s.io/v1/namespaces/{namespace}/provisioningrequests", request
+            )
+        except Conflict as e:
+            if e.reason != "AlreadyExists":
+                raise
+
+    def delete_request(self, action: DeleteRequest) -> None:
+        """An app's request and its PodTemplate, each where it still exists."""
+        namespace = action.app.namespace
+        with contextlib.suppress(NotFound):
+            self.kube.delete(
+                f"/apis/autoscaling.x-k8s.io/v1/namespaces/{namespace}/provisioningrequests/{action.name}"
+            )
+        with contextlib.suppress(NotFound):
+            self.kube.delete(f"/api/v1/namespaces/{namespace}/podtemplates/{action.name}")
+
     def event(self, action: Event) -> None:
         involved = {
             "apiVersion": "v1",
@@ -398,3 +471,18 @@ class Actor:
             series=action.key,
             count=action.count,
         )
+
+
+# What a PodTemplate made from an executor leaves out: its node and scheduling gates (a template's pods are
+# never bound or gated), and the pod's own identity and state (name, uid, owners, status); its labels stay (the
+# scheduling simulation matches affinities on them), with its spec as admitted (resources, tolerations,
+# nodeSelector, affinity: what decides where it fits).
+_NOT_COPIED = ("nodeName", "schedulingGates")
+
+
+def pod_template(pod: dict[str, Any]) -> dict[str, Any]:
+    """The `template` (PodTemplateSpec) of a PodTemplate made from an executor pod."""
+    labels = dict((pod.get("metadata") or {}).get("labels") or {})
+    labels.pop(contract.LABEL_EXEC_ID, None)
+    spec = {k: v for k, v in (pod.get("spec") or {}).items() if k not in _NOT_COPIED}
+    return {"metadata": {"labels": labels}, "spec": spec}

@@ -41,6 +41,7 @@ Pure: the decision's clock, the app's memory (`AppMemory.marked`, owned by the l
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from sparkgate.contract import AppKey
@@ -83,6 +84,14 @@ def why(scope: str, key: AppKey, allocation: Allocation, policy: Policy) -> str:
     )
 
 
+def ready_at(scope: str | None, mem: AppMemory) -> float | None:
+    """When the pods an app holds are shown to the autoscaler (marked, or asked for by a request): at once when
+    its refused pods hold it, else DEMAND_AFTER_SECONDS after its last release (None: not while it waits)."""
+    if mem.waiting_since is None:
+        return None
+    return -math.inf if scope == "unschedulable" else mem.waiting_since + DEMAND_AFTER_SECONDS
+
+
 def marks(
     key: AppKey,
     held: Sequence[PodRecord],
@@ -110,10 +119,10 @@ def marks(
         and p.gate_index is not None
         and p.uid not in mem.marked
     ]
-    if not fresh or mem.waiting_since is None:
+    if not fresh:
         return [], None
-    due = mem.waiting_since + DEMAND_AFTER_SECONDS
-    if now < due and scope != "unschedulable":
+    due = ready_at(scope, mem)
+    if due is None or now < due:
         return [], due
     gated = {p.uid for p in held}
     mem.marked = frozenset(u for u in mem.marked if u in gated) | {p.uid for p in fresh}

@@ -80,6 +80,7 @@ class PodRecord(msgspec.Struct, frozen=True, gc=False):
     # Index in status.conditions of its PodScheduled condition while that says SchedulingGated (the API
     # server's, on a gated pod): the condition sparkgate's mark replaces (contract.demand_mark).
     gated_condition: int | None = None
+    consumes: str | None = None  # the ProvisioningRequest it was released to consume (its annotation)
 
     @property
     def app(self) -> AppKey:
@@ -100,6 +101,27 @@ class PodRecord(msgspec.Struct, frozen=True, gc=False):
             and not self.deleting
             and self.phase in ("Pending", "Running")
         )
+
+
+class RequestRecord(msgspec.Struct, frozen=True):
+    """One of sparkgate's ProvisioningRequests (allocator/provisioning.py), as its conditions say:
+    `state` pending (no verdict yet, or Accepted), provisioned (Provisioned=True), not-provisioned
+    (Provisioned=False: cluster-autoscaler tries again), failed (Failed=True), expired (BookingExpired=True:
+    the booking ran out or was consumed), revoked (CapacityRevoked=True)."""
+
+    namespace: str
+    name: str
+    app_id: str
+    class_name: str
+    count: int
+    state: str
+    sequence: int  # from its name (contract.provisioning_name)
+    message: str = ""  # the condition's that gives the state
+
+    @property
+    def active(self) -> bool:
+        """It still stands for the app's held pods: one at a time per app."""
+        return self.state in ("pending", "provisioned", "not-provisioned")
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +204,8 @@ class AppView:
     driver: DriverRecord | None  # None when the app has no driver pod (client mode) or it is gone
     driver_seen: bool  # a driver pod was seen at some point (so None means "gone", not "none")
     config_maps: frozenset[str]  # names of sparkgate's config map copies that exist for this app
+    requests: tuple[RequestRecord, ...] = ()  # its ProvisioningRequests, oldest first
+    templates: frozenset[str] = frozenset()  # its PodTemplates (named as their requests)
     counts: Counts = field(init=False, compare=False, repr=False)
     # The sparkgate profile named on the app's pods: the lowest executor id's that names one (the webhook
     # names the same on every pod of an app unless the policy changed meanwhile). What the decision applies
@@ -275,6 +299,11 @@ class AppMemory:
     # Its gated pods whose demand mark was handed to the actor (uids, demand.py): never marked twice. Pruned
     # to the pods still gated at each decision that marks.
     marked: frozenset[str] = frozenset()
+    # Its ProvisioningRequests (provisioning.py): the name of the one handed to the actor and when (until
+    # the watch shows it); when a new one may be made after a failed one, and how many failed in a row.
+    request_sent: tuple[str, float] | None = None
+    request_retry_at: float | None = None
+    request_failures: int = 0
 
 
 # --- actions -------------------------------------------------------------------------------------
@@ -282,10 +311,12 @@ class AppMemory:
 
 @dataclass(frozen=True, slots=True)
 class Release:
-    """Remove the sparkgate gate from this pod."""
+    """Remove the sparkgate gate from this pod; `consume`: (request, class) it consumes, annotated in the same
+    patch (allocator/provisioning.py)."""
 
     app: AppKey
     pod: PodRecord
+    consume: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,4 +367,27 @@ class MarkHeld:
     why: str
 
 
-Action = Release | CreateConfigMap | DeletePod | DeleteConfigMap | Event | MarkHeld
+@dataclass(frozen=True, slots=True)
+class CreateRequest:
+    """Make the PodTemplate `name` from `pod` (a held executor, read when the action is carried out) and the
+    ProvisioningRequest `name` of class `class_name` for `count` pods of it, owned by the driver if any."""
+
+    app: AppKey
+    name: str
+    class_name: str
+    count: int
+    pod: PodRecord
+    owner: DriverRecord | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRequest:
+    """Delete the app's ProvisioningRequest `name` and its PodTemplate (each when it exists)."""
+
+    app: AppKey
+    name: str
+
+
+Action = (
+    Release | CreateConfigMap | DeletePod | DeleteConfigMap | Event | MarkHeld | CreateRequest | DeleteRequest
+)

@@ -188,3 +188,43 @@ def demand_mark(gate: int, condition: int, why: str, at: str) -> list[dict[str, 
         {"op": "test", "path": f"/spec/schedulingGates/{gate}/name", "value": GATE},
         {"op": "replace", "path": pointer, "value": held_condition(why, at)},
     ]
+
+
+# --- ProvisioningRequests (docs/policy.md "provisioning"; allocator/provisioning.py) ---------------------
+# cluster-autoscaler's API (autoscaling.x-k8s.io/v1, CA 1.30+ with --enable-provisioning-requests): a request
+# names PodTemplates of its namespace and how many pods of each; the pods that consume it carry two
+# annotations. The allocator makes one request (and its PodTemplate) per app at a time, labelled as the app's
+# config-map copies are, so that any replica's watch finds them and the app's end removes them.
+PROVISIONING_CLASSES = {
+    "check-capacity": "check-capacity.autoscaling.x-k8s.io",
+    "best-effort-atomic-scale-up": "best-effort-atomic-scale-up.autoscaling.x-k8s.io",
+}
+ANNOTATION_CONSUME_REQUEST = "autoscaling.x-k8s.io/consume-provisioning-request"
+ANNOTATION_PROVISIONING_CLASS = "autoscaling.x-k8s.io/provisioning-class-name"
+_SEQUENCE = re.compile(r"-pr(\d+)$")
+
+
+def provisioning_name(app_id: str, sequence: int) -> str:
+    """The name of an app's `sequence`th ProvisioningRequest and of its PodTemplate (a DNS label)."""
+    if len(app_id) <= PLAIN_APP_ID_MAX - 6 and PLAIN_APP_ID.match(app_id):
+        return f"sg-{app_id}-pr{sequence}"
+    readable = _name_part(app_id, 28)
+    return (
+        f"sg-{readable}-{_digest(app_id)}-pr{sequence}" if readable else f"sg-{_digest(app_id)}-pr{sequence}"
+    )
+
+
+def provisioning_sequence(name: str) -> int:
+    """The sequence number in a request's name (0: not one of sparkgate's names)."""
+    found = _SEQUENCE.search(name)
+    return int(found.group(1)) if found else 0
+
+
+def consuming_release(index: int, request: str, class_name: str) -> list[dict[str, Any]]:
+    """The gate removal of a pod that consumes a provisioned request: the annotations cluster-autoscaler and
+    the scheduler read (pods.go, pods_filter.go), in the same patch, after the gate's test and removal."""
+    return [
+        *gate_removal(index),
+        {"op": "add", "path": "/metadata/annotations/autoscaling.x-k8s.io~1consume-provisioning-request", "value": request},
+        {"op": "add", "path": "/metadata/annotations/autoscaling.x-k8s.io~1provisioning-class-name", "value": class_name},
+    ]  # fmt: skip

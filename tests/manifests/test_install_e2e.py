@@ -396,8 +396,10 @@ def test_in_a_pod_status_the_allocator_may_write_its_demand_mark_and_nothing_els
     allocator/demand.py): the install's sparkgate-allocator-pod-updates lets its actor's mark through, as its
     own service account, on a gated pod, and refuses it, with the policy's message word for word, any other
     status write: the mark on a pod without the gate, a condition that is not sparkgate's (no mark, or
-    another reason), another condition, another field of the status, the PodScheduled condition removed. The
-    policy is the allocator's alone: the scheduler's status writes are not concerned."""
+    another reason), another condition, another field of the status, the PodScheduled condition removed, a
+    label. Of cluster-autoscaler's annotations it sets the two that consume a ProvisioningRequest, in its
+    gate's removal, and no other. The policy is the allocator's alone: the scheduler's status writes are not
+    concerned."""
     from allocator.actor import Actor
     from allocator.cache import pod_record
     from allocator.model import MarkHeld
@@ -413,6 +415,7 @@ def test_in_a_pod_status_the_allocator_may_write_its_demand_mark_and_nothing_els
         for name in ("held-exec-1", "held-exec-2"):
             gated = executors.pod(name)
             gated["spec"]["schedulingGates"] = [{"name": GATE}]
+            gated["metadata"]["annotations"] = {contract.ANNOTATION_PROFILE: "spark"}  # as admitted
             cluster.store.create("pods", gated, namespace="spark-jobs")
         cluster.store.create("pods", executors.pod("free-exec-3"), namespace="spark-jobs")
         pods = "/api/v1/namespaces/spark-jobs/pods"
@@ -465,6 +468,7 @@ def test_in_a_pod_status_the_allocator_may_write_its_demand_mark_and_nothing_els
                     ],
                 ),
                 ("held-exec-2", [{"op": "remove", "path": "/status/conditions/0"}]),
+                ("held-exec-2", [{"op": "add", "path": "/metadata/labels/x", "value": "y"}]),
             ]
             for name, patch in refused:
                 with pytest.raises(KubeError) as refusal:
@@ -474,6 +478,21 @@ def test_in_a_pod_status_the_allocator_may_write_its_demand_mark_and_nothing_els
                     f"pods \"{name}\" is forbidden: ValidatingAdmissionPolicy 'sparkgate-allocator-pod-updates' "
                     f"with binding 'sparkgate-allocator-pod-updates' denied request: {status_only}",
                 ), patch
+            # cluster-autoscaler's annotations: the two that consume a request, with the gate's removal only.
+            annotations = policy["spec"]["validations"][4]["message"]
+            consume = contract.consuming_release(0, "sg-app-pr1", "check-capacity.autoscaling.x-k8s.io")
+            for name, patch in (
+                ("held-exec-2", consume[2:]),  # without removing the gate
+                (
+                    "held-exec-2",
+                    [{**consume[2], "path": "/metadata/annotations/autoscaling.x-k8s.io~1other"}],
+                ),
+            ):
+                with pytest.raises(KubeError) as refusal:
+                    allocator.patch(f"{pods}/{name}", patch, json_patch)
+                assert refusal.value.status == 403 and refusal.value.message.endswith(annotations), patch
+            released = allocator.patch(f"{pods}/held-exec-2", consume, json_patch)
+            assert released["metadata"]["annotations"][contract.ANNOTATION_CONSUME_REQUEST] == "sg-app-pr1"
             # Another writer's status (kube-scheduler's verdict, as the scheduler's own user) is not concerned.
             scheduler = Kube.from_kubeconfig(str(cluster.add_user("system:kube-scheduler")))
             verdict = {**mark, "message": "0/1 nodes are available: 1 Insufficient cpu."}
