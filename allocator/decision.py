@@ -343,7 +343,7 @@ def _decide_app(
         policy,
         mem,
         now,
-        requested=requesting,
+        requested=requesting and provisioning.scales_up(allocation),
     )
     out.extend(marks)
     if requesting:  # the held pods asked for through a request instead (provisioning.py)

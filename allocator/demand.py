@@ -22,9 +22,9 @@ unschedulable pods all younger than 2 s (`unschedulablePodTimeBuffer`, kubesim/a
 then is acted on no later than one the scheduler had marked at its creation. Marked at once, the held pods
 of an app held by its refusals land within that horizon too: the autoscaler's first scale-up after it
 plans for them with the refused ones (marked one by one, a real cluster-autoscaler scaled up in three steps
-instead of one: docs/real-cluster-facts.md). With a ProvisioningRequest class in force for the app
-(allocator/provisioning.py), its held pods are asked for through the request and not marked: the autoscaler
-would otherwise scale up for them twice.
+instead of one: docs/real-cluster-facts.md). With `provisioning: best-effort-atomic-scale-up` in force for
+the app (allocator/provisioning.py), its held pods are asked for through the request and not marked: the
+autoscaler would otherwise scale up for them twice (check-capacity adds no node: its held pods are marked).
 
 A pod sparkgate released still carries its mark until kube-scheduler has tried it: the cache tells the mark
 from the scheduler's verdict (cache.py `pod_record`: `held_mark`, not `unschedulable`), so it is neither a

@@ -13,12 +13,17 @@ log and by `sparkgate status`), the allocator:
   hold it, else after DEMAND_AFTER_SECONDS without a release): a PodTemplate made from a held executor (its
   spec as admitted, less the node, the gates and the pod's identity) and a request for all the pods it holds,
   named `sg-<app>-pr<n>` (contract.provisioning_name), labelled as the app's config-map copies are and owned
-  by its driver. The held pods are not marked as well: cluster-autoscaler would scale up twice for them (once
-  for the request, once for the pods; YuniKorn writes reason SchedulingSkipped where it wants the autoscaler to
-  stay away, sparkgate leaves them SchedulingGated, which it ignores);
+  by its driver. Under best-effort-atomic-scale-up the held pods are not marked as well: cluster-autoscaler
+  would scale up twice for them (once for the request, once for the pods; YuniKorn writes reason
+  SchedulingSkipped where it wants the autoscaler to stay away, sparkgate leaves them SchedulingGated, which
+  it ignores);
 - holds the app's gated pods while its request is not provisioned (waiting reason `provisioning`), and
   releases the pods it covers once `Provisioned=True`, each annotated to consume it in the same patch as the
-  gate's removal (contract.consuming_release), within every limit (the caps still hold);
+  gate's removal (contract.consuming_release), within every limit (the caps still hold). A check-capacity
+  request that found no capacity (`Provisioned=False`) holds nothing: that class never adds nodes, so the
+  app is paced as without a request and its held pods are marked for the autoscaler's ordinary scale-up
+  (demand.py), while cluster-autoscaler keeps checking the request; held until then, an app on a cluster
+  that must grow would wait for good;
 - one request at a time: a new one when the current one is consumed (as many pods released to it as it
   counted) and the app holds more (dynamic allocation asked for more), or its booking expired
   (`BookingExpired`) or its capacity was revoked (`CapacityRevoked`) with pods still held; after `Failed`,
@@ -65,6 +70,13 @@ def in_force(allocation: Allocation, served: bool) -> bool:
     return served and allocation.provisioning != "none"
 
 
+def scales_up(allocation: Allocation) -> bool:
+    """The class adds nodes for the request (best-effort-atomic-scale-up): the held pods are then not marked
+    as well, or cluster-autoscaler would scale up twice for them. check-capacity only books the capacity that
+    is there: the held pods are marked as without a request, for its ordinary scale-up."""
+    return allocation.provisioning == "best-effort-atomic-scale-up"
+
+
 def current(app: AppView) -> RequestRecord | None:
     """The app's request that still stands for its held pods: the newest, unless it ended or was consumed."""
     if not app.requests:
@@ -94,6 +106,11 @@ def plan(app: AppView, mem: AppMemory, now: float) -> Plan:
     if request.state == "provisioned":
         mem.request_failures, mem.request_retry_at = 0, None
         return Plan(max(0, request.count - _consumed(app, request)), (request.name, request.class_name))
+    if (
+        request.state == "not-provisioned"
+        and request.class_name == contract.PROVISIONING_CLASSES["check-capacity"]
+    ):
+        return Plan()  # no capacity to book: paced as without a request (its pods marked: `scales_up`)
     said = f": {request.message}" if request.message else ""
     return Plan(
         0,
