@@ -351,6 +351,8 @@ def _decide_app(
             key, app, holding, waiting[0] if waiting is not None else None, allocation, mem, now
         )
         out.extend(made)
+    elif app.requests or app.templates:  # the policy no longer asks for them (docs/operations.md)
+        out.extend(provisioning.finished(app))
     if mark_due is not None:
         due[key] = min(mark_due, due.get(key, mark_due))
     if waiting is not None and waiting[0] == "delay" and mem.last_release_at is not None:

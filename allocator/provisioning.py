@@ -30,9 +30,10 @@ log and by `sparkgate status`), the allocator:
   the next one waits a backoff (1 minute, doubling per failure in a row, at most 10; CA's own backoff for a
   request it could not provision), and meanwhile the app is paced as without a request. Each new request
   deletes the app's older ones and their templates;
-- an app's requests and templates end with it (decision.py `_finish`, as its copies do): any replica's watch
-  finds them by their labels, so a new leader deletes those of an app that ended before or after it took
-  over.
+- an app's requests and templates end with it (decision.py `_finish`, as its copies do), or as soon as the
+  policy no longer sets a class for it (`provisioning: none`, the runbook's way out of a request that never
+  provisions: docs/operations.md): any replica's watch finds them by their labels, so a new leader deletes
+  those of an app that ended before or after it took over.
 
 Pure: the decision's clock, the app's view (its requests and templates, from the cache's watches) and memory
 (`request_sent`, `request_retry_at`, `request_failures`, owned by the loop thread like the rest).
@@ -161,5 +162,5 @@ def requests(
 
 
 def finished(app: AppView) -> list[Action]:
-    """An app that is over: its requests and templates go."""
+    """An app that is over, or no longer asks for requests: its requests and templates go."""
     return [DeleteRequest(app.key, n) for n in sorted({r.name for r in app.requests} | app.templates)]

@@ -5,9 +5,11 @@ requests watched at every store change. Counts and objects only, never wall time
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from kubesim.autoscaler import AutoscalerConfig
 from kubesim.cluster import Cluster
@@ -119,4 +121,66 @@ def test_held_executors_are_asked_for_by_one_request_at_a_time_and_nothing_outli
             successor.stop()
     finally:
         requests.unsubscribe()
+    assert observer.violations == []
+
+
+def runbook_policy_edit() -> dict[str, Any]:
+    """The policy edit docs/operations.md's SparkgateProvisioningRequestsFailing entry gives, as written."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    entry = text[text.index("### SparkgateProvisioningRequestsFailing") :]
+    block = entry[entry.index("```yaml\n") + len("```yaml\n") :]
+    edit: dict[str, Any] = yaml.safe_load(block[: block.index("```")])
+    return edit
+
+
+def test_the_runbook_of_a_request_that_never_provisions_frees_the_app(system: Any, tmp_path: Path) -> None:
+    """The node group can grow by two nodes, the app holds 32 executors: no best-effort-atomic request for
+    them can be provisioned (CapacityIsNotFound, tried again for good), and the app waits for it. The
+    runbook's policy edit (`provisioning: none`) applied: the request and its template are deleted, the
+    held executors are marked for the ordinary scale-up, which grows the group to its max size."""
+    group = NodeGroup("ng-small", max_size=2, cpu="4", memory="16Gi")
+    autoscaler = AutoscalerConfig(
+        groups=(group,), provisioning_delay=0.5, scan_interval=1.0, scale_down=False
+    )
+    cluster, _, _, observer = system(
+        nodes=1, node_cpu="4", batch=8, delay=0.1, per_app=8, per_ns=8, cluster=8, pacing="adaptive",
+        provisioning="best-effort-atomic-scale-up", autoscaler=autoscaler,
+    )  # fmt: skip
+    observer.unbound_limit = 8
+    driver = cluster.spark_driver("spark", "big", executors=40, batch_size=40, cpu="1")
+
+    def never() -> bool:
+        requests, _, _ = cluster.store.list("provisioningrequests", "spark")
+        return any(
+            c.get("type") == "Provisioned" and c.get("status") == "False"
+            for r in requests
+            for c in (r.get("status") or {}).get("conditions") or ()
+        )
+
+    cluster.wait_for(never, timeout=120, what="a request cluster-autoscaler cannot provision")
+    assert status_writes(cluster, code=None) == {}
+    policy = tmp_path / "policy.yaml"
+    document = yaml.safe_load(policy.read_text())
+    document["allocation"].update(runbook_policy_edit()["allocation"])
+    policy.write_text(yaml.safe_dump(document))
+
+    def freed() -> bool:
+        pods, _, _ = cluster.store.list(
+            "pods", "spark", label_selector=f"{contract.LABEL_APP_ID}={driver.app_id}"
+        )
+        gated = {p["metadata"]["name"] for p in pods if contract.gate_index(p) is not None}
+        return (
+            not owned(cluster, "provisioningrequests", driver.app_id)
+            and not owned(cluster, "podtemplates", driver.app_id)
+            and bool(gated)
+            and gated <= held_marks(cluster)
+        )
+
+    cluster.wait_for(freed, timeout=120, what="the request and template gone, every held executor marked")
+    assert all(n == 1 for n in status_writes(cluster).values())
+    cluster.wait_for(
+        lambda: cluster.autoscaler is not None and cluster.autoscaler.cloud.target["ng-small"] == 2,
+        timeout=60,
+        what="the ordinary scale-up to the group's max size",
+    )
     assert observer.violations == []
