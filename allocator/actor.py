@@ -13,6 +13,14 @@
   the app's releases in the same decision are dropped (its pods would not start).
 - Deletions with a uid precondition, so a pod that was replaced is never deleted by mistake; a 404 after an
   attempt whose answer was lost is that deletion done.
+- Demand marks (allocator/demand.py): PodScheduled=False/Unschedulable on a held pod through `pods/status`,
+  a JSON Patch that tests the API server's SchedulingGated condition and the gate (a repeat after a lost
+  answer fails its test: "unclear"). Pipelined like releases; never the app's outcome (no backoff): a
+  refusal is logged once, an Event once, and the app's marks are skipped for demand.REFUSED_RETRY_SECONDS.
+- ProvisioningRequests (allocator/provisioning.py): the PodTemplate made from the held executor (read by
+  name) then the request, each a POST of a named object (AlreadyExists is done); deleted by name (not
+  repeated after an unclear answer: the app's next decision deletes what is still there). A release that
+  consumes a request carries the two annotations in its gate-removal patch.
 - Kubernetes Events through sparkgate/events.py: one Event object per series (the action's key) whose count
   is patched, and a token bucket per pod, so a thousand-pod app does not flood the API server.
 Transient API errors are retried with backoff inside sparkgate/kube.py, where a repeat is safe: each of the

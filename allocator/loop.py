@@ -624,7 +624,15 @@ class Controller:
         )
         document["leader"] = self.elector.leading
         document["identity"] = self.options.identity
-        document["provisioningRequests"] = "served" if self.options.provisioning_served else "not served"
+        # Whether a `provisioning` class of the policy can be used (provisioning.py): said by `sparkgate status`.
+        policy = self.policy.current()
+        asked = policy is not None and any(
+            a.provisioning != "none"
+            for a in (policy.allocation, *(policy.allocation_for(p, {})[0] for p in policy.profiles))
+        )
+        document["provisioningRequests"] = (
+            "served" if self.options.provisioning_served else "not served" if asked else "not used"
+        )
         return document
 
     def app(self, namespace: str, app_id: str) -> dict[str, Any] | None:

@@ -52,7 +52,7 @@ def metric(allocator: Any, name: str, labels: str) -> float:
 def test_a_roomy_cluster_fills_alike_and_nothing_is_marked(system: Any, demand: str) -> None:
     """Room for every executor: the app's pods wait milliseconds for its adaptive window, never
     DEMAND_AFTER_SECONDS, so `held` writes no status at all and fills as `released` does: the same pods
-    released the same way (the fill times of the two, measured back to back, are in docs/performance.md)."""
+    released the same way."""
     cluster, _, (allocator,), observer = system(
         nodes=3, node_cpu="50200m", batch=10, delay=3600, per_app=120, cap_pending=500, pacing="adaptive",
         demand=demand,
