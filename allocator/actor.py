@@ -176,7 +176,7 @@ class Actor:
                 break
             group = list(run)
             if pipelined is MarkHeld:  # whatever became of the releases: the marks test what they change
-                result.add(self._marks(group))  # type: ignore[arg-type]
+                result.add(self._marks([a for a in group if isinstance(a, MarkHeld)]))
                 continue
             if pipelined is not None and len(group) > 1:
                 # The first alone: an app whose writes are refused sends one per backoff, not a run.
