@@ -13,6 +13,14 @@
   the app's releases in the same decision are dropped (its pods would not start).
 - Deletions with a uid precondition, so a pod that was replaced is never deleted by mistake; a 404 after an
   attempt whose answer was lost is that deletion done.
+- Demand marks (allocator/demand.py): PodScheduled=False/Unschedulable on a held pod through `pods/status`,
+  a JSON Patch that tests the API server's SchedulingGated condition and the gate (a repeat after a lost
+  answer fails its test: "unclear"). Pipelined like releases; never the app's outcome (no backoff): a
+  refusal is logged once, an Event once, and the app's marks are skipped for demand.REFUSED_RETRY_SECONDS.
+- ProvisioningRequests (allocator/provisioning.py): the PodTemplate made from the held executor (read by
+  name) then the request, each a POST of a named object (AlreadyExists is done); deleted by name (not
+  repeated after an unclear answer: the app's next decision deletes what is still there). A release that
+  consumes a request carries the two annotations in its gate-removal patch.
 - Kubernetes Events through sparkgate/events.py: one Event object per series (the action's key) whose count
   is patched, and a token bucket per pod, so a thousand-pod app does not flood the API server.
 Transient API errors are retried with backoff inside sparkgate/kube.py, where a repeat is safe: each of the
@@ -54,9 +62,27 @@ from sparkgate.contract import AppKey
 from sparkgate.events import EventRecorder
 from sparkgate.kube import Conflict, Invalid, Kube, KubeError, NotFound, NotLeading, Unread
 
-from .model import Action, CreateConfigMap, DeleteConfigMap, DeletePod, Event, PodRecord, Release
+from . import demand
+from .model import (
+    Action,
+    CreateConfigMap,
+    CreateRequest,
+    DeleteConfigMap,
+    DeletePod,
+    DeleteRequest,
+    Event,
+    MarkHeld,
+    PodRecord,
+    Release,
+)
 
 log = logging.getLogger(__name__)
+
+
+def _pipelined(action: Action) -> bool:
+    """Actions whose consecutive runs are sent side by side: gate removals and demand marks."""
+    return isinstance(action, (Release, MarkHeld))
+
 
 PARALLEL_APPS = 8  # apps whose actions are carried out at once
 WRITERS = 16  # gate-removal PATCHes in flight at once, all apps together
@@ -108,6 +134,7 @@ class Actor:
         writers: int = WRITERS,
         monotonic: Callable[[], float] = time.monotonic,
         on_gate_removed: Callable[[float], None] | None = None,
+        on_mark: Callable[[MarkHeld, str], None] | None = None,
     ) -> None:
         self.kube = kube  # the leader's client (LeaderElector.gate), limited by the write budget
         self.install_namespace = install_namespace
@@ -124,6 +151,10 @@ class Actor:
         self.on_gate_removed = on_gate_removed  # seconds from a gated pod first seen to its gate's removal
         self._seen_lock = threading.Lock()
         self._seen: dict[str, float] = {}  # uid of each gated pod -> when the cache first showed it
+        self.on_mark = on_mark  # (the mark, its outcome: written, stale, refused, unclear, skipped)
+        # Apps whose demand mark the API server refused, and when (monotonic): their marks are not sent
+        # again for demand.REFUSED_RETRY_SECONDS (under `_seen_lock`).
+        self._mark_refused: dict[AppKey, float] = {}
 
     def submit(self, actions: Iterable[Action]) -> dict[AppKey, Future[AppResult]]:
         """Start carrying out `actions`, each app's in order, apps side by side; each app's future says
@@ -139,12 +170,15 @@ class Actor:
         backoff, never blindly retried), and so are its releases when its config map could not be created
         (its pods would not start)."""
         result = AppResult()
-        for releases, run in itertools.groupby(actions, key=lambda a: isinstance(a, Release)):
+        for pipelined, run in itertools.groupby(actions, key=lambda a: type(a) if _pipelined(a) else None):
             if result.dropped:
                 log.info("not the leader any more: %s's remaining actions dropped", actions[0].app)
                 break
             group = list(run)
-            if releases and len(group) > 1:
+            if pipelined is MarkHeld:  # whatever became of the releases: the marks test what they change
+                result.add(self._marks([a for a in group if isinstance(a, MarkHeld)]))
+                continue
+            if pipelined is not None and len(group) > 1:
                 # The first alone: an app whose writes are refused sends one per backoff, not a run.
                 if result.ok:
                     result.add(self._attempt(group[0]))
@@ -166,7 +200,7 @@ class Actor:
             self._one(action)
             if isinstance(action, Release):
                 result.released.append(action.pod.uid)
-            result.wrote = not isinstance(action, Event)
+            result.wrote = not isinstance(action, (Event, MarkHeld))
         except NotLeading as e:
             result.dropped = True  # not sent: the next leader decides it again from the cluster
             if e.maybe_applied:
@@ -189,9 +223,92 @@ class Actor:
             log.exception("%s for %s: unexpected error", type(action).__name__, action.app)
             if isinstance(action, Release):
                 self._unclear(action, result, e)
+            elif isinstance(action, MarkHeld):
+                self._marked(action, "unclear")  # never the app's outcome (`_marks`)
             else:
                 result.ok = False
         return result
+
+    def _marks(self, marks: list[MarkHeld]) -> AppResult:
+        """An app's demand marks: the first alone, then the rest side by side, unless the first was refused
+        (then none: one refusal per app, not one per pod). A mark's outcome is never the app's: a refused or
+        stale mark makes it back off nothing, and it is not sent again (demand.py)."""
+        result = AppResult()
+        first = self._attempt(marks[0])
+        result.dropped = first.dropped
+        if len(marks) > 1 and not first.dropped:  # after a refusal each is `skipped` unsent (`mark`)
+            for done in [self._writes.submit(self._attempt, action) for action in marks[1:]]:
+                result.dropped |= done.result().dropped
+        return result
+
+    def _refused_marks(self, app: AppKey) -> bool:
+        with self._seen_lock:
+            at = self._mark_refused.get(app)
+            if at is not None and self.monotonic() - at >= demand.REFUSED_RETRY_SECONDS:
+                del self._mark_refused[app]
+                at = None
+        return at is not None
+
+    def mark(self, action: MarkHeld) -> None:
+        """Write sparkgate's condition on a held pod (contract.demand_mark). Its outcome goes to `on_mark`;
+        a refusal is said once per app (a log line, an Event) and holds the app's next marks."""
+        pod = action.pod
+        if self._refused_marks(action.app):
+            self._marked(action, "skipped")
+            return
+        if pod.gate_index is None or pod.gated_condition is None:
+            self._marked(action, "stale")
+            return
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
+        try:
+            self.kube.patch(
+                f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status",
+                contract.demand_mark(pod.gate_index, pod.gated_condition, action.why, at),
+                "application/json-patch+json",
+                shape=Unread,
+            )
+        except NotLeading:
+            raise
+        except KubeError as e:
+            if e.maybe_applied:
+                self._marked(action, "unclear")
+            elif isinstance(e, (Conflict, Invalid, NotFound)):
+                self._marked(action, "stale")  # released, marked or gone meanwhile: left alone
+            else:
+                self._mark_refusal(action, e)
+            return
+        self._marked(action, "written")
+
+    def _mark_refusal(self, action: MarkHeld, error: KubeError) -> None:
+        with self._seen_lock:
+            if len(self._mark_refused) >= 10_000:  # apps come and go: a bounded memory
+                self._mark_refused.clear()
+            self._mark_refused[action.app] = self.monotonic()
+        self._marked(action, "refused")
+        log.warning(
+            "the demand mark of %s's held executors was refused (%s); its marks are not sent for %gs: "
+            "the autoscaler sees only the executors sparkgate released (docs/operations.md)",
+            action.app,
+            error,
+            demand.REFUSED_RETRY_SECONDS,
+        )
+        with contextlib.suppress(Exception):  # best effort: the log line and the metric have said it
+            self.event(
+                Event(
+                    action.app,
+                    action.pod.name,
+                    action.pod.uid,
+                    "Warning",
+                    "DemandMarkRefused",
+                    f"sparkgate could not mark the executors it holds for the cluster autoscaler: {error}. "
+                    "The autoscaler sees only the executors sparkgate released.",
+                    f"{action.app}/demand-refused",
+                )
+            )
+
+    def _marked(self, action: MarkHeld, outcome: str) -> None:
+        if self.on_mark is not None:
+            self.on_mark(action, outcome)
 
     @staticmethod
     def _unclear(action: Action, result: AppResult, error: Exception) -> None:
@@ -236,6 +353,12 @@ class Actor:
                 self.kube.delete(f"/api/v1/namespaces/{action.app.namespace}/configmaps/{action.name}")
         elif isinstance(action, Event):
             self.event(action)
+        elif isinstance(action, MarkHeld):
+            self.mark(action)
+        elif isinstance(action, CreateRequest):
+            self.create_request(action)
+        elif isinstance(action, DeleteRequest):
+            self.delete_request(action)
 
     def release(self, action: Release) -> None:
         pod = action.pod
@@ -247,7 +370,9 @@ class Actor:
             self.on_sending(action, self.clock())
         self.kube.patch(
             f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
-            contract.gate_removal(pod.gate_index),
+            contract.gate_removal(pod.gate_index)
+            if action.consume is None
+            else contract.consuming_release(pod.gate_index, *action.consume),
             "application/json-patch+json",
             shape=Unread,  # the answer is the whole pod; its watch event is what the cache reads
         )
@@ -282,6 +407,62 @@ class Actor:
             if e.reason != "AlreadyExists":
                 raise
 
+    def create_request(self, action: CreateRequest) -> None:
+        """The PodTemplate, made from the held executor as the API server stored it, then the
+        ProvisioningRequest for `count` pods of it (allocator/provisioning.py); one that exists is fine."""
+        namespace = action.app.namespace
+        pod = self.kube.get(f"/api/v1/namespaces/{namespace}/pods/{action.pod.name}")
+        meta: dict[str, Any] = {
+            "name": action.name,
+            "namespace": namespace,
+            "labels": {
+                contract.LABEL_APP_ID: action.app.app_id,
+                contract.LABEL_ROLE: contract.ROLE_EXECUTOR,
+                contract.LABEL_MANAGED_BY: contract.MANAGED_BY,
+            },
+        }
+        if action.owner is not None:
+            meta["ownerReferences"] = [
+                {"apiVersion": "v1", "kind": "Pod", "name": action.owner.name, "uid": action.owner.uid}
+            ]
+        template = {
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": meta,
+            "template": pod_template(pod),
+        }
+        request = {
+            "apiVersion": "autoscaling.x-k8s.io/v1",
+            "kind": "ProvisioningRequest",
+            "metadata": meta,
+            "spec": {
+                "provisioningClassName": action.class_name,
+                "podSets": [{"podTemplateRef": {"name": action.name}, "count": action.count}],
+            },
+        }
+        try:  # each a POST of a named object: one that exists (a repeat, a former leader's) is done
+            self.kube.create(f"/api/v1/namespaces/{namespace}/podtemplates", template)
+        except Conflict as e:
+            if e.reason != "AlreadyExists":
+                raise
+        try:
+            self.kube.create(
+                f"/apis/autoscaling.x-k8s.io/v1/namespaces/{namespace}/provisioningrequests", request
+            )
+        except Conflict as e:
+            if e.reason != "AlreadyExists":
+                raise
+
+    def delete_request(self, action: DeleteRequest) -> None:
+        """An app's request and its PodTemplate, each where it still exists."""
+        namespace = action.app.namespace
+        with contextlib.suppress(NotFound):
+            self.kube.delete(
+                f"/apis/autoscaling.x-k8s.io/v1/namespaces/{namespace}/provisioningrequests/{action.name}"
+            )
+        with contextlib.suppress(NotFound):
+            self.kube.delete(f"/api/v1/namespaces/{namespace}/podtemplates/{action.name}")
+
     def event(self, action: Event) -> None:
         involved = {
             "apiVersion": "v1",
@@ -298,3 +479,18 @@ class Actor:
             series=action.key,
             count=action.count,
         )
+
+
+# What a PodTemplate made from an executor leaves out: its node and scheduling gates (a template's pods are
+# never bound or gated), and the pod's own identity and state (name, uid, owners, status); its labels stay (the
+# scheduling simulation matches affinities on them), with its spec as admitted (resources, tolerations,
+# nodeSelector, affinity: what decides where it fits).
+_NOT_COPIED = ("nodeName", "schedulingGates")
+
+
+def pod_template(pod: dict[str, Any]) -> dict[str, Any]:
+    """The `template` (PodTemplateSpec) of a PodTemplate made from an executor pod."""
+    labels = dict((pod.get("metadata") or {}).get("labels") or {})
+    labels.pop(contract.LABEL_EXEC_ID, None)
+    spec = {k: v for k, v in (pod.get("spec") or {}).items() if k not in _NOT_COPIED}
+    return {"metadata": {"labels": labels}, "spec": spec}

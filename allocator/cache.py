@@ -31,7 +31,7 @@ import immutables
 from sparkgate import contract
 from sparkgate.contract import AppKey
 
-from .model import AppView, DriverRecord, PodRecord, Snapshot
+from .model import AppView, DriverRecord, PodRecord, RequestRecord, Snapshot
 
 Obj = dict[str, Any]
 # The volumes of the copies the webhook mounts: named contract.configmap_volume_name(source).
@@ -112,6 +112,7 @@ class _Condition(TypedDict, total=False):
     type: str | None
     status: str | None
     reason: str | None
+    message: str | None
 
 
 class _Status(TypedDict, total=False):
@@ -153,11 +154,19 @@ def pod_record(obj: Obj) -> PodRecord | None:
         for v in spec.get("volumes") or []
         if str(v.get("name", "")).startswith(COPY_VOLUME_PREFIX) and (v.get("configMap") or {}).get("name")
     )
-    # kube-scheduler's verdict on a pod it could not place (pkg/scheduler/schedule_one.go, handleSchedulingFailure)
-    unschedulable = any(
-        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
-        for c in status.get("conditions") or ()
-    )
+    # kube-scheduler's verdict on a pod it could not place (pkg/scheduler/schedule_one.go,
+    # handleSchedulingFailure), or sparkgate's own mark on a pod it holds (contract.HELD_MARK), or the API
+    # server's SchedulingGated, which the mark replaces.
+    unschedulable = held_mark = False
+    gated_condition = None
+    for i, c in enumerate(status.get("conditions") or ()):
+        if c.get("type") != "PodScheduled" or c.get("status") != "False":
+            continue
+        if c.get("reason") == "Unschedulable":
+            held_mark = contract.is_held_mark(c.get("message"))
+            unschedulable = not held_mark
+        elif c.get("reason") == contract.SCHEDULING_GATED:
+            gated_condition = i
     # The values every pod of an app (or of a node) repeats are interned: one string each, not one per pod
     # (a third of a record's memory, bench/scale.py).
     return PodRecord(
@@ -182,6 +191,9 @@ def pod_record(obj: Obj) -> PodRecord | None:
         finished=finished,
         copies=copies,
         unschedulable=unschedulable,
+        held_mark=held_mark,
+        gated_condition=gated_condition,
+        consumes=annotations.get(contract.ANNOTATION_CONSUME_REQUEST),
     )
 
 
@@ -197,6 +209,42 @@ def driver_record(obj: Obj) -> DriverRecord | None:
         app_id,
         status.get("phase") or "Pending",
         bool(meta.get("deletionTimestamp")),
+    )
+
+
+def request_record(obj: Obj) -> RequestRecord | None:
+    """The record of one of sparkgate's ProvisioningRequests (labelled with its app), or None."""
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    app_id = (meta.get("labels") or {}).get(contract.LABEL_APP_ID)
+    if not app_id:
+        return None
+    conditions = {c.get("type"): c for c in (obj.get("status") or {}).get("conditions") or ()}
+
+    def true(kind: str) -> bool:
+        return (conditions.get(kind) or {}).get("status") == "True"
+
+    # The verdict that ends a request first (conditions.go: Failed and BookingExpired are final), then CA's
+    # own answer (Provisioned True or False); no answer yet (or Accepted alone): pending.
+    state, said = "pending", None
+    for kind, name in (("Failed", "failed"), ("BookingExpired", "expired"), ("CapacityRevoked", "revoked")):
+        if true(kind):
+            state, said = name, conditions[kind]
+            break
+    else:
+        provisioned = conditions.get("Provisioned")
+        if provisioned is not None and provisioned.get("status") in ("True", "False"):
+            state = "provisioned" if provisioned["status"] == "True" else "not-provisioned"
+            said = provisioned
+    name = meta.get("name", "")
+    return RequestRecord(
+        namespace=meta.get("namespace", ""),
+        name=name,
+        app_id=app_id,
+        class_name=str(spec.get("provisioningClassName", "")),
+        count=sum(int(s.get("count") or 0) for s in spec.get("podSets") or ()),
+        state=state,
+        sequence=contract.provisioning_sequence(name),
+        message=str((said or {}).get("message") or ""),
     )
 
 
@@ -238,7 +286,16 @@ class Cache:
         self._in_flight: Counter[str] = Counter()
         self._counted: dict[AppKey, int] = {}
         self._gone_uids: set[str] = set()
+        # sparkgate's ProvisioningRequests and PodTemplates, per app (only where the API server serves them:
+        # `provisioning`, which adds their watches to what must be synced).
+        self._requests: dict[AppKey, dict[str, RequestRecord]] = {}
+        self._templates: dict[AppKey, set[str]] = {}
         self.synced: dict[str, bool] = {}
+        self.required = ["pods", "drivers", "sources", "copies"]
+
+    def provisioning(self) -> None:
+        """The API server serves ProvisioningRequests: their watch and the PodTemplates' must be synced too."""
+        self.required += ["requests", "templates"]
 
     # --- executor pods ----------------------------------------------------------------------------------
 
@@ -401,13 +458,80 @@ class Cache:
             touched = set(self._pods)
         self._on_change(touched)
 
+    # --- ProvisioningRequests and their PodTemplates (labelled with their app, any namespace) ---------
+
+    def request_event(self, kind: str, obj: Obj) -> None:
+        record = request_record(obj)
+        if record is None:
+            return
+        key = AppKey(record.namespace, record.app_id)
+        with self._lock:
+            requests = self._requests.setdefault(key, {})
+            if kind == "DELETED":
+                requests.pop(record.name, None)
+            else:
+                requests[record.name] = record
+            if not requests:
+                del self._requests[key]
+            self._invalidate(key)
+        self._on_change({key})
+
+    def requests_replace(self, items: Iterable[Obj]) -> None:
+        records = [r for r in map(request_record, items) if r is not None]
+        with self._lock:
+            touched = set(self._requests)
+            self._requests = {}
+            for r in records:
+                self._requests.setdefault(AppKey(r.namespace, r.app_id), {})[r.name] = r
+            touched |= set(self._requests)
+            for key in touched:
+                self._invalidate(key)
+            self.synced["requests"] = True
+        self._on_change(touched)
+
+    def template_event(self, kind: str, obj: Obj) -> None:
+        meta = obj.get("metadata") or {}
+        app_id = (meta.get("labels") or {}).get(contract.LABEL_APP_ID)
+        if not app_id:
+            return
+        key = AppKey(meta.get("namespace", ""), app_id)
+        with self._lock:
+            names = self._templates.setdefault(key, set())
+            (names.discard if kind == "DELETED" else names.add)(meta.get("name", ""))
+            if not names:
+                del self._templates[key]
+            self._invalidate(key)
+        self._on_change({key})
+
+    def templates_replace(self, items: Iterable[Obj]) -> None:
+        found: dict[AppKey, set[str]] = {}
+        for obj in items:
+            meta = obj.get("metadata") or {}
+            app_id = (meta.get("labels") or {}).get(contract.LABEL_APP_ID)
+            if app_id:
+                found.setdefault(AppKey(meta.get("namespace", ""), app_id), set()).add(meta.get("name", ""))
+        with self._lock:
+            touched = set(self._templates) | set(found)
+            self._templates = found
+            for key in touched:
+                self._invalidate(key)
+            self.synced["templates"] = True
+        self._on_change(touched)
+
     # --- reading -------------------------------------------------------------------------------------
 
     def _invalidate(self, key: AppKey) -> None:
         self._stale.add(key)
 
     def _invalidate_all(self) -> None:
-        self._stale = self._pods.keys() | self._config_maps.keys() | self._drivers.keys() | set(self._views)
+        self._stale = (
+            self._pods.keys()
+            | self._config_maps.keys()
+            | self._drivers.keys()
+            | self._requests.keys()
+            | self._templates.keys()
+            | set(self._views)
+        )
 
     def snapshot(self, *, track: bool = False) -> Snapshot:
         """Views (and the in-flight sums) are rebuilt only for the apps that changed since the last snapshot:
@@ -422,8 +546,13 @@ class Cache:
                 for key in self._stale:
                     if key in self._pods:
                         pods = tuple(self._pods[key].values())
-                    elif self._config_maps.get(key) or key in self._drivers:
-                        # Apps whose pods are all gone but whose config maps remain still need cleaning up.
+                    elif (
+                        self._config_maps.get(key)
+                        or key in self._drivers
+                        or key in self._requests
+                        or key in self._templates
+                    ):
+                        # Apps whose pods are all gone but whose copies or requests remain still need cleaning up.
                         pods = ()
                     else:
                         self._driver_seen.discard(key)  # nothing of the app is left: nothing of it is kept
@@ -436,6 +565,8 @@ class Cache:
                         self._drivers.get(key),
                         key in self._driver_seen,
                         frozenset(self._config_maps.get(key, ())),
+                        tuple(sorted(self._requests.get(key, {}).values(), key=lambda r: r.sequence)),
+                        frozenset(self._templates.get(key, ())),
                     )
                     self._count(key, view.counts.in_flight)
                 self._views = views.finish()
@@ -465,7 +596,7 @@ class Cache:
 
     @property
     def is_synced(self) -> bool:
-        return all(self.synced.get(k) for k in ("pods", "drivers", "sources", "copies"))
+        return all(self.synced.get(k) for k in self.required)
 
 
 @dataclass

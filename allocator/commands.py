@@ -268,6 +268,31 @@ def driver_fields(pod: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def provisioning_served(kube: Kube) -> bool:
+    """Whether the API server serves ProvisioningRequests (discovery: cluster-autoscaler's CRD is installed),
+    said once in the log: without them a `provisioning` class in the policy is not used, and the held pods
+    are marked for the autoscaler instead (allocator/demand.py; `sparkgate status` says it too). Asked at the
+    start only: a CRD installed later is used after the allocator's next restart."""
+    from sparkgate.kube import KubeError
+
+    log = logging.getLogger("sparkgate.allocator")
+    try:
+        resources = kube.get("/apis/autoscaling.x-k8s.io/v1").get("resources") or []
+    except KubeError as e:
+        if e.status != 404:
+            log.warning("could not tell whether ProvisioningRequests are served (%s): not using them", e)
+            return False
+        resources = []
+    if any(r.get("name") == "provisioningrequests" for r in resources):
+        log.info("ProvisioningRequests (autoscaling.x-k8s.io/v1) are served: `provisioning` classes are used")
+        return True
+    log.info(
+        "ProvisioningRequests (autoscaling.x-k8s.io/v1) are not served: a `provisioning` class is not used, "
+        "the executors sparkgate holds are shown to the autoscaler by their condition alone"
+    )
+    return False
+
+
 def assemble(
     kube: Kube,
     policy: PolicySource,
@@ -363,6 +388,7 @@ def assemble(
         on_sending=lambda action, at: bind_times.released(action.pod.uid, at),
         on_delete=lambda action: parts["controller"].on_delete(action),
         on_gate_removed=metrics.gate_removal.observe,
+        on_mark=lambda action, outcome: metrics.demand_marks.labels(outcome).inc(),
     )
     cache.pod_observers.append(actor.observe)
 
@@ -415,6 +441,20 @@ def assemble(
     ]  # fmt: skip
     for reflector in reflectors:
         metrics.reflector_crashes.labels(reflector.name)
+    if options.provisioning_served:
+        # sparkgate's ProvisioningRequests and PodTemplates, labelled as the copies are (allocator/provisioning.py).
+        cache.provisioning()
+        owned = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY},{contract.LABEL_APP_ID}"
+        reflectors += [
+            Reflector(
+                kube, "requests", "/apis/autoscaling.x-k8s.io/v1/provisioningrequests", owned,
+                cache.request_event, cache.requests_replace, **common,
+            ),
+            Reflector(
+                kube, "templates", "/api/v1/podtemplates", owned, cache.template_event, cache.templates_replace,
+                **common,
+            ),
+        ]  # fmt: skip
     controller = parts["controller"] = Controller(
         cache=cache,
         reflectors=reflectors,
@@ -523,7 +563,9 @@ def run_allocator(args: argparse.Namespace) -> int:
         pool_size=PARALLEL_APPS + WRITERS + 10,
     )
     policy = PolicySource(args.policy, args.namespace, on_reload=metrics.on_reload)
+    served = provisioning_served(kube)
     options = Options(
+        provisioning_served=served,
         install_namespace=args.namespace,
         identity=args.identity,
         lease_name=args.lease_name,

@@ -50,7 +50,7 @@ from sparkgate import contract
 from sparkgate.contract import AppKey
 from sparkgate.policy import Allocation, Policy, Profile
 
-from . import pacing
+from . import demand, pacing, provisioning
 from .model import (
     Action,
     AppMemory,
@@ -79,7 +79,7 @@ HELD_RECHECK_SECONDS = 10.0
 # `app` (its own pods in flight fill its limit: they are its sign of life while they live) and not
 # `unschedulable` (the scheduler refuses its pods: the app's own doing, and they are no sign of life once
 # refused for the bound).
-HOLDS = frozenset({"namespace", "cluster", "previous-batch", "delay", "window", "source"})
+HOLDS = frozenset({"namespace", "cluster", "previous-batch", "delay", "window", "source", "provisioning"})
 
 
 @dataclass(frozen=True)
@@ -157,10 +157,12 @@ def decide(
     *,
     deleted_exec_ids: Mapping[AppKey, Collection[int]] | None = None,
     ended: Collection[AppKey] = (),
+    provisioning_served: bool = False,
 ) -> Decision:
     """The actions for `apps` (default: every app of the snapshot). `deleted_exec_ids`: each app's executor
     ids deleted before (never released again), at least for `apps`; `ended`: the apps that are over
-    (registry.py). Its work is per app decided: the budgets come from the snapshot's in-flight sums."""
+    (registry.py); `provisioning_served`: the API server serves ProvisioningRequests (provisioning.py). Its
+    work is per app decided: the budgets come from the snapshot's in-flight sums."""
     keys = list(snapshot.apps) if apps is None else [k for k in apps if k in snapshot.apps]
     budgets = _Budgets(snapshot)
     deleted = deleted_exec_ids or {}
@@ -192,6 +194,7 @@ def decide(
                     app_hits,
                     deleted.get(key, ()),
                     app_due,
+                    provisioning_served,
                 )
         except Exception as e:
             errors[key] = f"{type(e).__name__}: {e}"
@@ -245,6 +248,7 @@ def _finish(app: AppView, mem: AppMemory) -> list[Action]:
         if (pod.gated or pacing.refused(pod)) and not pod.deleting
     ]
     out.extend(DeleteConfigMap(app.key, name) for name in sorted(app.config_maps))
+    out.extend(provisioning.finished(app))
     mem.finished, mem.waiting_since = True, None
     return out
 
@@ -259,6 +263,7 @@ def _decide_app(
     hits: Counter[str],
     deleted: Collection[int],
     due: dict[AppKey, float],
+    provisioning_served: bool = False,
 ) -> tuple[list[Action], AppSettings | None]:
     """One app's actions and settings (memory and the shared budgets updated)."""
     out: list[Action] = []
@@ -322,8 +327,34 @@ def _decide_app(
         mem.refused = {}
     if mem.refused and (bound := pacing.overdue_at(mem.refused, allocation, now)) is not None:
         due[key] = bound  # the hold then, and the registry's sign of life
-    waiting, released = _release(key, app, gated, missing, allocation, policy, mem, now, budgets, hits)
+    requesting = provisioning.in_force(allocation, provisioning_served)
+    plan = provisioning.plan(app, mem, now) if requesting else None
+    waiting, released = _release(key, app, gated, missing, allocation, policy, mem, now, budgets, hits, plan)
     out.extend(released)
+    # The pods it still holds, shown to the cluster autoscaler (demand.py): after the releases, so a pod
+    # released by this decision is never marked.
+    left = {a.pod.uid for a in released if isinstance(a, Release)}
+    holding = [p for p in gated if p.uid not in left] if left else gated
+    marks, mark_due = demand.marks(
+        key,
+        holding,
+        waiting[0] if waiting is not None else None,
+        allocation,
+        policy,
+        mem,
+        now,
+        requested=requesting and provisioning.scales_up(allocation),
+    )
+    out.extend(marks)
+    if requesting:  # the held pods asked for through a request instead (provisioning.py)
+        made, mark_due = provisioning.requests(
+            key, app, holding, waiting[0] if waiting is not None else None, allocation, mem, now
+        )
+        out.extend(made)
+    elif app.requests or app.templates:  # the policy no longer asks for them (docs/operations.md)
+        out.extend(provisioning.finished(app))
+    if mark_due is not None:
+        due[key] = min(mark_due, due.get(key, mark_due))
     if waiting is not None and waiting[0] == "delay" and mem.last_release_at is not None:
         end = mem.last_release_at + allocation.batch_delay_seconds
         due[key] = min(end, due.get(key, end))
@@ -417,8 +448,10 @@ def _release(
     now: float,
     budgets: _Budgets,
     hits: Counter[str],
+    bound: provisioning.Plan | None = None,
 ) -> tuple[tuple[str, str] | None, list[Action]]:
-    """((scope, why) the remaining gated pods wait, or None; the actions that release a batch)."""
+    """((scope, why) the remaining gated pods wait, or None; the actions that release a batch). `bound`: what
+    the app's ProvisioningRequest allows (provisioning.py)."""
     previous = mem.pacing
     pace = mem.pacing = pacing.observe(previous, allocation, app.pods, now)  # the scheduler's answers
     if not pace.growing and (rounds := pace.round.keys() | (previous.round.keys() if previous else set())):
@@ -476,6 +509,10 @@ def _release(
         if room == 0:
             return _refused_hold(key, mem.refused, app.pods, allocation, now), []
         size = room
+    if bound is not None and bound.room is not None:
+        if bound.room == 0:
+            return ("provisioning", f"app {key}: {bound.why}"), []
+        size = min(size, bound.room)
     in_flight = app.counts.in_flight
     in_namespace, total = budgets.namespace(key.namespace), budgets.cluster()
     rooms = {
@@ -501,7 +538,8 @@ def _release(
         return (binding[0], rooms[binding[0]][1]), []
     actions: list[Action] = []
     batch = gated[:n]
-    actions.extend(Release(key, pod) for pod in batch)
+    consume = bound.consume if bound is not None else None
+    actions.extend(Release(key, pod, consume) for pod in batch)
     names = frozenset(p.name for p in batch)
     mem.last_batch = mem.last_batch | names if window else names
     mem.last_release_at = now

@@ -107,6 +107,9 @@ class Options:
     backoff_base: float = 0.05  # an app's first retry after a failed write; doubles per failure
     backoff_cap: float = 60.0
     stall_after: float = 300.0  # /healthz fails after a reflector or the loop made no progress this long
+    # The API server serves ProvisioningRequests (discovery at the start: commands.py `provisioning_served`);
+    # without it a `provisioning` class is not used, the held pods are marked instead (demand.py).
+    provisioning_served: bool = False
 
 
 class Controller:
@@ -462,7 +465,14 @@ class Controller:
         held app at each tick cost a follower of a 100,000-pod cluster ~5,000 decisions a second."""
         now = self.monotonic()
         ended = self.registry.ended  # keys - ended.keys() would walk every ended app: per app decided only
-        decision = decide(snapshot, policy, now, {}, {k for k in keys if k not in ended})
+        decision = decide(
+            snapshot,
+            policy,
+            now,
+            {},
+            {k for k in keys if k not in ended},
+            provisioning_served=self.options.provisioning_served,
+        )
         with self._published:
             self.settings.update(decision.settings)
         for key, settings in decision.settings.items():
@@ -489,6 +499,7 @@ class Controller:
             keys,
             deleted_exec_ids=self.histories.deleted_exec_ids(keys),
             ended=self.registry.ended.keys(),
+            provisioning_served=self.options.provisioning_served,
         )
         self.metrics.decision_seconds.observe(time.perf_counter() - started)
         for key, error in decision.errors.items():
@@ -613,6 +624,15 @@ class Controller:
         )
         document["leader"] = self.elector.leading
         document["identity"] = self.options.identity
+        # Whether a `provisioning` class of the policy can be used (provisioning.py): said by `sparkgate status`.
+        policy = self.policy.current()
+        asked = policy is not None and any(
+            a.provisioning != "none"
+            for a in (policy.allocation, *(policy.allocation_for(p, {})[0] for p in policy.profiles))
+        )
+        document["provisioningRequests"] = (
+            "served" if self.options.provisioning_served else "not served" if asked else "not used"
+        )
         return document
 
     def app(self, namespace: str, app_id: str) -> dict[str, Any] | None:

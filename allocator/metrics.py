@@ -190,6 +190,13 @@ class AllocatorMetrics:
             ["namespace"],
             registry=r,
         )
+        self.demand_marks = Counter(
+            "sparkgate_allocator_demand_marks",
+            "Held executor pods marked PodScheduled=False/Unschedulable for the cluster autoscaler, by outcome "
+            "(written, stale, refused, unclear, skipped).",
+            ["outcome"],
+            registry=r,
+        )
         self.history_corrupt = Counter(
             "sparkgate_allocator_history_corrupt",
             "Deletion history ConfigMaps that did not parse (set aside and replaced).",

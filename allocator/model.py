@@ -73,7 +73,14 @@ class PodRecord(msgspec.Struct, frozen=True, gc=False):
     gate_index: int | None = None  # position of the sparkgate gate in spec.schedulingGates (for the patch)
     finished: float | None = None  # when its container terminated (finishedAt), unix seconds, if known
     copies: tuple[str, ...] = ()  # the sparkgate config-map copies its volumes mount (chosen at admission)
-    unschedulable: bool = False  # condition PodScheduled=False, reason Unschedulable: the scheduler's verdict
+    # PodScheduled=False, reason Unschedulable, from kube-scheduler: its verdict. Not sparkgate's own mark
+    # (`held_mark`), which a pod just released still carries until the scheduler has tried it.
+    unschedulable: bool = False
+    held_mark: bool = False  # PodScheduled=False/Unschedulable written by sparkgate (contract.HELD_MARK)
+    # Index in status.conditions of its PodScheduled condition while that says SchedulingGated (the API
+    # server's, on a gated pod): the condition sparkgate's mark replaces (contract.demand_mark).
+    gated_condition: int | None = None
+    consumes: str | None = None  # the ProvisioningRequest it was released to consume (its annotation)
 
     @property
     def app(self) -> AppKey:
@@ -94,6 +101,27 @@ class PodRecord(msgspec.Struct, frozen=True, gc=False):
             and not self.deleting
             and self.phase in ("Pending", "Running")
         )
+
+
+class RequestRecord(msgspec.Struct, frozen=True):
+    """One of sparkgate's ProvisioningRequests (allocator/provisioning.py), as its conditions say:
+    `state` pending (no verdict yet, or Accepted), provisioned (Provisioned=True), not-provisioned
+    (Provisioned=False: cluster-autoscaler tries again), failed (Failed=True), expired (BookingExpired=True:
+    the booking ran out or was consumed), revoked (CapacityRevoked=True)."""
+
+    namespace: str
+    name: str
+    app_id: str
+    class_name: str
+    count: int
+    state: str
+    sequence: int  # from its name (contract.provisioning_name)
+    message: str = ""  # the condition's that gives the state
+
+    @property
+    def active(self) -> bool:
+        """It still stands for the app's held pods: one at a time per app."""
+        return self.state in ("pending", "provisioned", "not-provisioned")
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +204,8 @@ class AppView:
     driver: DriverRecord | None  # None when the app has no driver pod (client mode) or it is gone
     driver_seen: bool  # a driver pod was seen at some point (so None means "gone", not "none")
     config_maps: frozenset[str]  # names of sparkgate's config map copies that exist for this app
+    requests: tuple[RequestRecord, ...] = ()  # its ProvisioningRequests, oldest first
+    templates: frozenset[str] = frozenset()  # its PodTemplates (named as their requests)
     counts: Counts = field(init=False, compare=False, repr=False)
     # The sparkgate profile named on the app's pods: the lowest executor id's that names one (the webhook
     # names the same on every pod of an app unless the policy changed meanwhile). What the decision applies
@@ -266,6 +296,14 @@ class AppMemory:
     # Its released pods the scheduler refused, in flight, each with when it was first seen refused
     # (pacing.py `refusals`): what the refused-pod bound (unschedulableSeconds) is measured from.
     refused: Mapping[str, float] = field(default_factory=dict)
+    # Its gated pods whose demand mark was handed to the actor (uids, demand.py): never marked twice. Pruned
+    # to the pods still gated at each decision that marks.
+    marked: frozenset[str] = frozenset()
+    # Its ProvisioningRequests (provisioning.py): the name of the one handed to the actor and when (until
+    # the watch shows it); when a new one may be made after a failed one, and how many failed in a row.
+    request_sent: tuple[str, float] | None = None
+    request_retry_at: float | None = None
+    request_failures: int = 0
 
 
 # --- actions -------------------------------------------------------------------------------------
@@ -273,10 +311,12 @@ class AppMemory:
 
 @dataclass(frozen=True, slots=True)
 class Release:
-    """Remove the sparkgate gate from this pod."""
+    """Remove the sparkgate gate from this pod; `consume`: (request, class) it consumes, annotated in the same
+    patch (allocator/provisioning.py)."""
 
     app: AppKey
     pod: PodRecord
+    consume: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,4 +357,37 @@ class Event:
     count: int | None = None  # occurrences counted by the decision (an app's bypassed pods); None: one more
 
 
-Action = Release | CreateConfigMap | DeletePod | DeleteConfigMap | Event
+@dataclass(frozen=True, slots=True)
+class MarkHeld:
+    """Write sparkgate's PodScheduled=False/Unschedulable on a pod it holds (allocator/demand.py), so that the
+    cluster autoscaler counts it; `why` says what holds it."""
+
+    app: AppKey
+    pod: PodRecord
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class CreateRequest:
+    """Make the PodTemplate `name` from `pod` (a held executor, read when the action is carried out) and the
+    ProvisioningRequest `name` of class `class_name` for `count` pods of it, owned by the driver if any."""
+
+    app: AppKey
+    name: str
+    class_name: str
+    count: int
+    pod: PodRecord
+    owner: DriverRecord | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRequest:
+    """Delete the app's ProvisioningRequest `name` and its PodTemplate (each when it exists)."""
+
+    app: AppKey
+    name: str
+
+
+Action = (
+    Release | CreateConfigMap | DeletePod | DeleteConfigMap | Event | MarkHeld | CreateRequest | DeleteRequest
+)

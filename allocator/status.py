@@ -79,7 +79,10 @@ class AppsCollector:
         executors: list[str] = []
         windows: list[str] = []
         states: list[str] = []
+        requests: Counter[str] = Counter()
         for key, view in live.items():
+            for request in view.requests:
+                requests[request.state] += 1
             memory = status.memory.get(key)
             window = memory.pacing if memory is not None else None
             entry = known.get(key)
@@ -122,6 +125,8 @@ class AppsCollector:
                 _line(UNSAVED, {}, status.history_unsaved),
                 _header(HISTORIES),
                 _line(HISTORIES, {}, status.histories),
+                _header(REQUESTS),
+                *(_line(REQUESTS, {"state": state}, requests[state]) for state in REQUEST_STATES),
             ]
         )
 
@@ -172,7 +177,14 @@ HISTORIES = Gauge(
     "Deletion histories held (one ConfigMap each once written); a finished app's expires after "
     "--history-retention.",
 )
+REQUESTS = Gauge(
+    "sparkgate_allocator_provisioning_requests",
+    "sparkgate's ProvisioningRequests by state (pending, provisioned, not-provisioned, failed, expired, revoked).",
+    ("state",),
+)
+REQUEST_STATES = ("pending", "provisioned", "not-provisioned", "failed", "expired", "revoked")
 GAUGES = (
+    REQUESTS,
     EXECUTORS, IN_FLIGHT, BYPASSED, PACING_WINDOW, PACING_STATE, MISSING, LIMIT, APPS, BACKING_OFF, UNSAVED, HISTORIES,
 )  # fmt: skip
 

@@ -107,6 +107,11 @@ def render(document: dict[str, Any], output: str) -> str:
         f"\nallocator {document.get('identity', '')} ({role}); cluster: {cluster.get('inFlight')} in flight "
         f"of {cluster.get('maxPendingCluster')}, {cluster.get('gated')} gated"
     )
+    if document.get("provisioningRequests") == "not served":
+        lines.append(
+            "ProvisioningRequests (autoscaling.x-k8s.io/v1) are not served: a profile's `provisioning` class is "
+            "not used, held executors are shown to the autoscaler by their condition alone"
+        )
     return "\n".join(lines)
 
 

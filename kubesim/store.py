@@ -724,6 +724,23 @@ class Store:
                 request, admitted = self._admit("UPDATE", resource, new, current, user, dry_run)
                 if admitted is not None:  # made from `new`, the store's own copy
                     new = _keep_identity(current, admitted, r, owned=True)
+            elif user is not None:
+                # kube-apiserver admits a subresource's update as well, with the subresource in the request
+                # (handlers/patch.go, update.go: admission.NewAttributesRecord), after the status strategy
+                # (registry/store.go Update: BeforeUpdate, then the validating admission): only what matches
+                # `pods/status` sees it (a ValidatingAdmissionPolicy on it). Nothing here mutates a status.
+                meta = new.get("metadata") or {}
+                request = AdmissionRequest(
+                    "UPDATE",
+                    resource,
+                    subresource,
+                    meta.get("namespace", ""),
+                    name,
+                    new,
+                    current,
+                    user,
+                    dry_run,
+                )
             check_object(resource, r.kind, new)
             self._validate(request, new)
             with self._lock:

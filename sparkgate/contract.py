@@ -144,3 +144,88 @@ def source_digest(source: str) -> str:
 def configmap_volume_name(source: str) -> str:
     """Name of the pod volume that mounts the copy of `source` (unique per source within a pod)."""
     return f"sparkgate-{_name_part(source, 40)}-{_digest(source)[:8]}"
+
+
+# --- demand: sparkgate's mark on the executor pods it holds (docs/policy.md "autoscalerDemand") ----------
+# cluster-autoscaler and Karpenter count a pending pod only when its PodScheduled condition is False with
+# reason Unschedulable (docs/real-cluster-facts.md, "cluster-autoscaler and a gated pod"); the API server
+# writes reason SchedulingGated on a gated pod. The allocator writes the autoscaler's reason on the pods it
+# holds, with a message that starts with HELD_MARK: how it tells its own condition from kube-scheduler's
+# verdict (whose message starts "0/N nodes are available"), which replaces it once the pod is released.
+# The install's ValidatingAdmissionPolicy sparkgate-allocator-pod-updates allows the allocator this
+# condition, with this mark, on a pod that carries the gate, and no other change of a pod's status.
+HELD_MARK = "Held by sparkgate:"
+SCHEDULING_GATED = "SchedulingGated"  # the API server's reason on a gated pod (pod strategy PrepareForCreate)
+
+
+def is_held_mark(message: object) -> bool:
+    """A PodScheduled message that sparkgate wrote on a pod it held (not the scheduler's verdict)."""
+    return isinstance(message, str) and message.startswith(HELD_MARK)
+
+
+def held_condition(why: str, at: str) -> dict[str, Any]:
+    """The PodScheduled condition sparkgate writes on a held executor: `why` in a Spark user's words (what
+    `kubectl describe pod` shows), `at` (RFC 3339) its lastTransitionTime: the autoscaler's pod observer
+    starts a loop at once for a condition that changed less than 10 s ago (cluster-autoscaler
+    pkg/loop/trigger.go), so the time is when it was written, not the gate's."""
+    return {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": f"{HELD_MARK} {why}",
+        "lastTransitionTime": at,
+    }
+
+
+def demand_mark(gate: int, condition: int, why: str, at: str) -> list[dict[str, Any]]:
+    """The JSON Patch (pods/status) that marks a held pod: it tests that its PodScheduled condition (at
+    `condition`) still says SchedulingGated and that the gate (at `gate`) is still there, then replaces the
+    condition. A pod released or marked meanwhile fails the test (422) and is left alone; a repeat of a patch
+    that landed fails it too (sparkgate/kube.py `repeat_is_safe`)."""
+    pointer = f"/status/conditions/{condition}"
+    return [
+        {"op": "test", "path": f"{pointer}/reason", "value": SCHEDULING_GATED},
+        {"op": "test", "path": f"{pointer}/type", "value": "PodScheduled"},
+        {"op": "test", "path": f"/spec/schedulingGates/{gate}/name", "value": GATE},
+        {"op": "replace", "path": pointer, "value": held_condition(why, at)},
+    ]
+
+
+# --- ProvisioningRequests (docs/policy.md "provisioning"; allocator/provisioning.py) ---------------------
+# cluster-autoscaler's API (autoscaling.x-k8s.io/v1, CA 1.30+ with --enable-provisioning-requests): a request
+# names PodTemplates of its namespace and how many pods of each; the pods that consume it carry two
+# annotations. The allocator makes one request (and its PodTemplate) per app at a time, labelled as the app's
+# config-map copies are, so that any replica's watch finds them and the app's end removes them.
+PROVISIONING_CLASSES = {
+    "check-capacity": "check-capacity.autoscaling.x-k8s.io",
+    "best-effort-atomic-scale-up": "best-effort-atomic-scale-up.autoscaling.x-k8s.io",
+}
+ANNOTATION_CONSUME_REQUEST = "autoscaling.x-k8s.io/consume-provisioning-request"
+ANNOTATION_PROVISIONING_CLASS = "autoscaling.x-k8s.io/provisioning-class-name"
+_SEQUENCE = re.compile(r"-pr(\d+)$")
+
+
+def provisioning_name(app_id: str, sequence: int) -> str:
+    """The name of an app's `sequence`th ProvisioningRequest and of its PodTemplate (a DNS label)."""
+    if len(app_id) <= PLAIN_APP_ID_MAX - 6 and PLAIN_APP_ID.match(app_id):
+        return f"sg-{app_id}-pr{sequence}"
+    readable = _name_part(app_id, 28)
+    return (
+        f"sg-{readable}-{_digest(app_id)}-pr{sequence}" if readable else f"sg-{_digest(app_id)}-pr{sequence}"
+    )
+
+
+def provisioning_sequence(name: str) -> int:
+    """The sequence number in a request's name (0: not one of sparkgate's names)."""
+    found = _SEQUENCE.search(name)
+    return int(found.group(1)) if found else 0
+
+
+def consuming_release(index: int, request: str, class_name: str) -> list[dict[str, Any]]:
+    """The gate removal of a pod that consumes a provisioned request: the annotations cluster-autoscaler and
+    the scheduler read (pods.go, pods_filter.go), in the same patch, after the gate's test and removal."""
+    return [
+        *gate_removal(index),
+        {"op": "add", "path": "/metadata/annotations/autoscaling.x-k8s.io~1consume-provisioning-request", "value": request},
+        {"op": "add", "path": "/metadata/annotations/autoscaling.x-k8s.io~1provisioning-class-name", "value": class_name},
+    ]  # fmt: skip

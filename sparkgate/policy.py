@@ -31,6 +31,11 @@ MAX_BATCH = 10_000
 MAX_PENDING = 1_000_000
 MAX_DELAY_SECONDS = 3600.0
 PACING = ("adaptive", "fixed")  # docs/policy.md "Pacing"; allocator/pacing.py is the rule
+# docs/policy.md "Autoscaled clusters": whether the pods sparkgate holds are shown to the cluster autoscaler
+# (allocator/demand.py), and whether an app's held pods are asked for through a ProvisioningRequest of one
+# of cluster-autoscaler's classes (allocator/provisioning.py).
+AUTOSCALER_DEMAND = ("held", "released")
+PROVISIONING = ("none", "check-capacity", "best-effort-atomic-scale-up")
 
 
 class PolicyError(ValueError):
@@ -54,6 +59,8 @@ class Allocation:
     # A released pod the scheduler refused this long holds its app back (allocator/pacing.py `refused_hold`)
     # and is no sign of life for a client-mode app (allocator/registry.py).
     unschedulable_seconds: float = 60.0
+    autoscaler_demand: str = "held"  # "released": the autoscaler sees only the pods sparkgate released
+    provisioning: str = "none"  # or a ProvisioningRequest class's short name (PROVISIONING)
 
     def with_override(self, o: AllocationOverride) -> Allocation:
         return replace(self, **{k: v for k, v in vars(o).items() if v is not None})
@@ -70,6 +77,8 @@ class AllocationOverride:
     max_batch_size: int | None = None
     slow_bind_seconds: float | None = None
     unschedulable_seconds: float | None = None
+    autoscaler_demand: str | None = None
+    provisioning: str | None = None
 
 
 @dataclass(frozen=True)
@@ -339,6 +348,8 @@ _ALLOCATION_KEYS = {
     "maxBatchSize",
     "slowBindSeconds",
     "unschedulableSeconds",
+    "autoscalerDemand",
+    "provisioning",
 }
 _CLUSTER_KEYS = _ALLOCATION_KEYS | {"maxPendingPerNamespace", "maxPendingCluster"}
 _PROFILE_KEYS = {
@@ -366,6 +377,8 @@ DEFAULT_ALLOCATION: dict[str, Any] = {
     "maxBatchSize": Allocation.max_batch_size,
     "slowBindSeconds": Allocation.slow_bind_seconds,
     "unschedulableSeconds": Allocation.unschedulable_seconds,
+    "autoscalerDemand": Allocation.autoscaler_demand,
+    "provisioning": Allocation.provisioning,
 }
 
 
@@ -419,6 +432,8 @@ def load_policy(text: str, install_namespace: str = contract.INSTALL_NAMESPACE) 
         max_batch_size=int(cluster["maxBatchSize"]),
         slow_bind_seconds=float(cluster["slowBindSeconds"]),
         unschedulable_seconds=float(cluster["unschedulableSeconds"]),
+        autoscaler_demand=str(cluster["autoscalerDemand"]),
+        provisioning=str(cluster["provisioning"]),
     )
     _check_within_caps(r, "allocation", allocation.batch_size, allocation.max_pending_per_app, caps)
     _check_window(r, "allocation", allocation)
@@ -456,11 +471,14 @@ def load_policy(text: str, install_namespace: str = contract.INSTALL_NAMESPACE) 
 
 
 def _read_allocation(r: _Reader, raw: dict[str, Any]) -> dict[str, Any]:
-    def pacing(value: object) -> str | None:
-        if value not in PACING:
-            r.error(f"expected one of {', '.join(PACING)}, got {value!r}")
-            return None
-        return str(value)
+    def choice(options: tuple[str, ...], what: str = "") -> Callable[[object], str | None]:
+        def read(value: object) -> str | None:
+            if value not in options:
+                r.error(f"expected one of {', '.join(options)}{f' ({what})' if what else ''}, got {value!r}")
+                return None
+            return str(value)
+
+        return read
 
     def bound(value: object) -> float | None:
         seconds = r.seconds(value)
@@ -475,7 +493,13 @@ def _read_allocation(r: _Reader, raw: dict[str, Any]) -> dict[str, Any]:
         "maxPendingPerApp": r.integer(1, MAX_PENDING),
         "maxPendingPerNamespace": r.integer(1, MAX_PENDING),
         "maxPendingCluster": r.integer(1, MAX_PENDING),
-        "pacing": pacing,
+        "pacing": choice(PACING),
+        "autoscalerDemand": choice(
+            AUTOSCALER_DEMAND, "whether the cluster autoscaler sees the executor pods sparkgate holds"
+        ),
+        "provisioning": choice(
+            PROVISIONING, "the ProvisioningRequest class an app's held executors are asked for with"
+        ),
         "maxBatchSize": r.integer(1, MAX_BATCH),
         "slowBindSeconds": bound,
         "unschedulableSeconds": r.seconds,
@@ -548,6 +572,8 @@ def _read_profile(r: _Reader, raw: object, caps: Caps, defaults: Allocation) -> 
                 max_batch_size=_opt_int(numbers.get("maxBatchSize")),
                 slow_bind_seconds=_opt_float(numbers.get("slowBindSeconds")),
                 unschedulable_seconds=_opt_float(numbers.get("unschedulableSeconds")),
+                autoscaler_demand=numbers.get("autoscalerDemand"),
+                provisioning=numbers.get("provisioning"),
             )
             _check_within_caps(r, r.here, allocation.batch_size, allocation.max_pending_per_app, caps)
             _check_window(r, r.here, defaults.with_override(allocation))

@@ -21,7 +21,7 @@ from sparkgate import contract
 POLICY = """
 apiVersion: sparkgate.io/v1alpha1
 kind: Policy
-allocation: {{batchSize: {batch}, batchDelaySeconds: {delay}, maxPendingPerApp: {per_app}, maxPendingPerNamespace: {per_ns}, maxPendingCluster: {cluster}, pacing: {pacing}}}
+allocation: {{batchSize: {batch}, batchDelaySeconds: {delay}, maxPendingPerApp: {per_app}, maxPendingPerNamespace: {per_ns}, maxPendingCluster: {cluster}, pacing: {pacing}, autoscalerDemand: {demand}, provisioning: {provisioning}}}
 caps: {{batchSize: {cap_batch}, maxPendingPerApp: {cap_pending}}}
 profiles:
   - name: spark
@@ -41,6 +41,8 @@ def write_policy(
     cap_pending: int = 100,
     config_maps: str = "[]",
     pacing: str = "fixed",
+    demand: str = "held",
+    provisioning: str = "none",
 ) -> Path:
     path.write_text(
         POLICY.format(
@@ -53,6 +55,8 @@ def write_policy(
             cap_pending=cap_pending,
             config_maps=config_maps,
             pacing=pacing,
+            demand=demand,
+            provisioning=provisioning,
         )
     )
     return path
@@ -142,6 +146,7 @@ def system(tmp_path: Path, observe: Any) -> Iterator[Any]:
         node_cpu: str = "10",
         max_bind_rate: float | None = None,
         config_maps: str = "[]",
+        autoscaler: Any = None,
         **policy: Any,
     ) -> tuple[Cluster, LocalWebhook, list[AllocatorProcess], Observer]:
         path = write_policy(tmp_path / "policy.yaml", config_maps=config_maps, **policy)
@@ -155,6 +160,7 @@ def system(tmp_path: Path, observe: Any) -> Iterator[Any]:
             node_memory="1000Gi",
             bookmark_interval=0.5,
             max_bind_rate=max_bind_rate,
+            autoscaler=autoscaler,
         )
         resources.append(system.start())
         assert system.webhook is not None and system.allocator is not None

@@ -98,6 +98,9 @@ def reference(s: Status) -> bytes:
     backing = Gauge("sparkgate_allocator_apps_backing_off", status_module.BACKING_OFF.help, registry=r)
     unsaved = Gauge("sparkgate_allocator_history_unsaved", status_module.UNSAVED.help, registry=r)
     histories = Gauge("sparkgate_allocator_histories", status_module.HISTORIES.help, registry=r)
+    requests = Gauge(
+        "sparkgate_allocator_provisioning_requests", status_module.REQUESTS.help, ["state"], registry=r
+    )
     for key, view in s.snapshot.apps.items():
         for name, n in view.counts.by_state().items():
             executors.labels(key.namespace, key.app_id, name).set(n)
@@ -117,6 +120,10 @@ def reference(s: Status) -> bytes:
     backing.set(1)
     unsaved.set(3)
     histories.set(7)
+    for state in status_module.REQUEST_STATES:
+        requests.labels(state).set(
+            sum(1 for v in s.snapshot.apps.values() for q in v.requests if q.state == state)
+        )
     return generate_latest(r)
 
 

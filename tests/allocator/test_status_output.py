@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from allocator.status_output import render
 from sparkgate.cli import main
 
 LONG_NAMESPACE = "analytics-nightly-batch-processing-team-emea"
@@ -136,6 +137,26 @@ def test_the_table_is_never_cut_without_a_terminal(
     # Columns line up: each header starts where its cells do.
     assert first.index(LONG_APP) == header.index("APP ID") == second.index("app-2")
     assert lines[3:] == ["", "allocator sparkgate-7d9f-abcde (leader); cluster: 7 in flight of 12, 165 gated"]
+
+
+def test_a_provisioning_class_the_api_server_does_not_serve_is_said() -> None:
+    document = {
+        "apps": [],
+        "cluster": {},
+        "leader": True,
+        "identity": "a",
+        "provisioningRequests": "not served",
+    }
+    assert (
+        render(document, "table")
+        .splitlines()[-1]
+        .startswith(
+            "ProvisioningRequests (autoscaling.x-k8s.io/v1) are not served: a profile's `provisioning` class is not "
+            "used"
+        )
+    )
+    for said in ("served", "not used"):
+        assert "ProvisioningRequests" not in render({**document, "provisioningRequests": said}, "table")
 
 
 def test_wide_adds_the_driver_deletions_backoff_and_refused_nodes(

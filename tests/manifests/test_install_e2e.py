@@ -320,7 +320,7 @@ def test_the_allocator_may_not_change_what_a_pod_runs_or_where(
     user with the same rights may change the image (the policy is the allocator's alone)."""
     objects = kustomize.by_kind(kustomize.build(REPO / "manifests"))
     policy = objects[("ValidatingAdmissionPolicy", "sparkgate-allocator-pod-updates")]
-    images, placement, gates = (v["message"] for v in policy["spec"]["validations"])
+    images, placement, gates = (v["message"] for v in policy["spec"]["validations"][:3])
     with Cluster(
         nodes=1, namespaces=("default", "kube-system", "sparkgate-system", "spark-jobs"), workdir=tmp_path
     ) as cluster:
@@ -387,6 +387,126 @@ def test_the_allocator_may_not_change_what_a_pod_runs_or_where(
         finally:
             allocator.close()
             admin.close()
+
+
+def test_in_a_pod_status_the_allocator_may_write_its_demand_mark_and_nothing_else(
+    kustomize: ModuleType, executors: Any, tmp_path: Path
+) -> None:
+    """RBAC grants it `patch` on `pods/status` (to mark the executors it holds for the cluster autoscaler:
+    allocator/demand.py): the install's sparkgate-allocator-pod-updates lets its actor's mark through, as its
+    own service account, on a gated pod, and refuses it, with the policy's message word for word, any other
+    status write: the mark on a pod without the gate, a condition that is not sparkgate's (no mark, or
+    another reason), another condition, another field of the status, the PodScheduled condition removed, a
+    label. Of cluster-autoscaler's annotations it sets the two that consume a ProvisioningRequest, in its
+    gate's removal, and no other. The policy is the allocator's alone: the scheduler's status writes are not
+    concerned."""
+    from allocator.actor import Actor
+    from allocator.cache import pod_record
+    from allocator.model import MarkHeld
+
+    objects = kustomize.by_kind(kustomize.build(REPO / "manifests"))
+    policy = objects[("ValidatingAdmissionPolicy", "sparkgate-allocator-pod-updates")]
+    assert policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["pods", "pods/status"]
+    status_only = policy["spec"]["validations"][3]["message"]
+    with Cluster(
+        nodes=1, namespaces=("default", "kube-system", "sparkgate-system", "spark-jobs"), workdir=tmp_path
+    ) as cluster:
+        install_policies(cluster, objects)
+        for name in ("held-exec-1", "held-exec-2"):
+            gated = executors.pod(name)
+            gated["spec"]["schedulingGates"] = [{"name": GATE}]
+            gated["metadata"]["annotations"] = {contract.ANNOTATION_PROFILE: "spark"}  # as admitted
+            cluster.store.create("pods", gated, namespace="spark-jobs")
+        cluster.store.create("pods", executors.pod("free-exec-3"), namespace="spark-jobs")
+        pods = "/api/v1/namespaces/spark-jobs/pods"
+        allocator = Kube.from_kubeconfig(str(cluster.add_user(contract.ALLOCATOR_USER)))
+        outcomes: list[str] = []
+        actor = Actor(allocator, "sparkgate-system", on_mark=lambda _, outcome: outcomes.append(outcome))
+        json_patch = "application/json-patch+json"
+        now = "2026-11-28T12:00:00Z"
+        mark = contract.held_condition("the cluster already has 2 executor pods waiting to be placed", now)
+        try:
+            record = pod_record(cluster.store.get("pods", "spark-jobs", "held-exec-1"))
+            assert record is not None and record.gated_condition is not None
+            actor.mark(MarkHeld(record.app, record, "the cluster already has 2 executor pods waiting"))
+            marked = cluster.store.get("pods", "spark-jobs", "held-exec-1")
+            [condition] = [c for c in marked["status"]["conditions"] if c["type"] == "PodScheduled"]
+            assert outcomes == ["written"]
+            assert (condition["status"], condition["reason"]) == ("False", "Unschedulable")
+            assert condition["message"].startswith(contract.HELD_MARK)
+            again = pod_record(marked)
+            assert again is not None and again.held_mark and not again.unschedulable
+            free = cluster.store.get("pods", "spark-jobs", "free-exec-3")
+            index = next(i for i, c in enumerate(free["status"]["conditions"]) if c["type"] == "PodScheduled")
+            scheduled = f"/status/conditions/{index}"
+            refused: list[tuple[str, list[Obj]]] = [
+                ("free-exec-3", [{"op": "replace", "path": scheduled, "value": mark}]),
+                (
+                    "held-exec-2",
+                    [{"op": "replace", "path": "/status/conditions/0", "value": {**mark, "message": "x"}}],
+                ),
+                (
+                    "held-exec-2",
+                    [{"op": "replace", "path": "/status/conditions/0", "value": {**mark, "reason": "Other"}}],
+                ),
+                (
+                    "held-exec-2",
+                    [
+                        {"op": "replace", "path": "/status/conditions/0", "value": mark},
+                        {"op": "add", "path": "/status/phase", "value": "Failed"},
+                    ],
+                ),
+                ("held-exec-2", [{"op": "add", "path": "/status/message", "value": "held"}]),
+                (
+                    "held-exec-2",
+                    [
+                        {
+                            "op": "add",
+                            "path": "/status/conditions/-",
+                            "value": {"type": "Ready", "status": "False"},
+                        }
+                    ],
+                ),
+                ("held-exec-2", [{"op": "remove", "path": "/status/conditions/0"}]),
+                ("held-exec-2", [{"op": "add", "path": "/metadata/labels/x", "value": "y"}]),
+            ]
+            for name, patch in refused:
+                with pytest.raises(KubeError) as refusal:
+                    allocator.patch(f"{pods}/{name}/status", patch, json_patch)
+                assert (refusal.value.status, refusal.value.message) == (
+                    403,
+                    f"pods \"{name}\" is forbidden: ValidatingAdmissionPolicy 'sparkgate-allocator-pod-updates' "
+                    f"with binding 'sparkgate-allocator-pod-updates' denied request: {status_only}",
+                ), patch
+            # cluster-autoscaler's annotations: the two that consume a request, with the gate's removal only.
+            annotations = policy["spec"]["validations"][4]["message"]
+            consume = contract.consuming_release(0, "sg-app-pr1", "check-capacity.autoscaling.x-k8s.io")
+            for name, patch in (
+                ("held-exec-2", consume[2:]),  # without removing the gate
+                (
+                    "held-exec-2",
+                    [{**consume[2], "path": "/metadata/annotations/autoscaling.x-k8s.io~1other"}],
+                ),
+            ):
+                with pytest.raises(KubeError) as refusal:
+                    allocator.patch(f"{pods}/{name}", patch, json_patch)
+                assert refusal.value.status == 403 and refusal.value.message.endswith(annotations), patch
+            released = allocator.patch(f"{pods}/held-exec-2", consume, json_patch)
+            assert released["metadata"]["annotations"][contract.ANNOTATION_CONSUME_REQUEST] == "sg-app-pr1"
+            # Another writer's status (kube-scheduler's verdict, as the scheduler's own user) is not concerned.
+            scheduler = Kube.from_kubeconfig(str(cluster.add_user("system:kube-scheduler")))
+            verdict = {**mark, "message": "0/1 nodes are available: 1 Insufficient cpu."}
+            written = scheduler.patch(
+                f"{pods}/free-exec-3/status",
+                {"status": {"conditions": [verdict]}},
+                "application/strategic-merge-patch+json",
+            )
+            scheduler.close()
+            assert verdict in written["status"]["conditions"]
+            assert pod_record(written) is not None and pod_record(written).unschedulable  # type: ignore[union-attr]
+        finally:
+            actor.close()
+            allocator.close()
 
 
 def test_outside_its_namespace_the_allocator_writes_only_its_own_config_map_copies(

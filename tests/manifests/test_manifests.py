@@ -279,6 +279,9 @@ def test_cert_manager_hands_certificates_over(kustomize: ModuleType, components:
     }
     assert granted == {
         "pods",
+        "pods/status",
+        "podtemplates",
+        "provisioningrequests",
         "configmaps",
         "events",
         "leases",

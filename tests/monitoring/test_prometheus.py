@@ -285,7 +285,12 @@ def test_fault_alerts_fire_in_promtools_unit_test(prometheus_rule: dict[str, Any
     run = subprocess.run([PROMTOOL, "test", "rules", str(test)], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
     names = {r["alert"] for g in prometheus_rule["spec"]["groups"] for r in g["rules"]}
-    faults = {"SparkgateAllocatorErrors", "SparkgateAllocatorTaskFailing", "SparkgateDeletionHistoryNotSaved"}
+    faults = {
+        "SparkgateAllocatorErrors",
+        "SparkgateAllocatorTaskFailing",
+        "SparkgateDeletionHistoryNotSaved",
+        "SparkgateProvisioningRequestsFailing",
+    }
     assert fault_alerts() == faults and faults <= names
 
 

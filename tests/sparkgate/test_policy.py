@@ -119,6 +119,25 @@ def test_empty_policy_gets_defaults() -> None:
         ("allocation: {pacing: fast}", "allocation.pacing: expected one of adaptive, fixed, got 'fast'"),
         ("allocation: {pacing: 1}", "allocation.pacing: expected one of adaptive, fixed, got 1"),
         (
+            "allocation: {autoscalerDemand: yes}",
+            "allocation.autoscalerDemand: expected one of held, released (whether the cluster autoscaler sees "
+            "the executor pods sparkgate holds), got True",
+        ),
+        (
+            "profiles: [{name: a, allocation: {autoscalerDemand: all}}]",
+            "profiles[0].allocation.autoscalerDemand: expected one of held, released",
+        ),
+        (
+            "allocation: {provisioning: check}",
+            "allocation.provisioning: expected one of none, check-capacity, best-effort-atomic-scale-up (the "
+            "ProvisioningRequest class an app's held executors are asked for with), got 'check'",
+        ),
+        (
+            "profiles: [{name: a, allocation: {provisioning: best-effort}}]",
+            "profiles[0].allocation.provisioning: expected one of none, check-capacity, "
+            "best-effort-atomic-scale-up",
+        ),
+        (
             "allocation: {maxBatchSize: 5}",
             "allocation.maxBatchSize: 5 is below batchSize (10); the adaptive window starts at batchSize",
         ),
@@ -164,6 +183,29 @@ def test_pacing_settings_default_layer_and_override_per_profile() -> None:
     slow, big = policy.profiles
     assert policy.allocation_for(slow, {})[0] == replace(policy.allocation, pacing="fixed")
     assert policy.allocation_for(big, {})[0] == replace(policy.allocation, max_batch_size=300)
+
+
+def test_the_autoscaler_settings_default_layer_and_override_per_profile() -> None:
+    defaults = load_policy(HEAD).allocation
+    assert (defaults.autoscaler_demand, defaults.provisioning) == ("held", "none")
+    policy = load_policy(
+        HEAD
+        + "allocation: {autoscalerDemand: released}\n"
+        + "profiles: [{name: batch, allocation: {provisioning: best-effort-atomic-scale-up}},"
+        + " {name: adhoc, allocation: {autoscalerDemand: held, provisioning: check-capacity}}, {name: any}]"
+    )
+    batch, adhoc, other = policy.profiles
+    assert policy.allocation_for(batch, {})[0] == replace(
+        policy.allocation, provisioning="best-effort-atomic-scale-up"
+    )
+    assert (
+        policy.allocation_for(adhoc, {})[0].autoscaler_demand,
+        policy.allocation_for(adhoc, {})[0].provisioning,
+    ) == (
+        "held",
+        "check-capacity",
+    )
+    assert policy.allocation_for(other, {})[0] == replace(defaults, autoscaler_demand="released")
 
 
 def test_the_refused_pod_bound_defaults_layers_and_overrides_per_profile() -> None:

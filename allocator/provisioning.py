@@ -1,0 +1,166 @@
+"""ProvisioningRequests: an app's held executors asked for from cluster-autoscaler as one batch.
+
+cluster-autoscaler's own answer for batch work (`autoscaling.x-k8s.io/v1`, CA 1.30+ with
+`--enable-provisioning-requests`; kubesim/provisioning.py follows it): a request names a PodTemplate and a
+count; class `check-capacity.autoscaling.x-k8s.io` only says whether they fit, `best-effort-atomic-scale-up.
+autoscaling.x-k8s.io` adds the nodes for all of them or none; `Provisioned=True` books the capacity for 10
+minutes, the pods that consume it carry two annotations. With `provisioning: check-capacity` or
+`best-effort-atomic-scale-up` in force for an app (docs/policy.md), and only where the API server serves the
+API (discovery, at the allocator's start: otherwise the condition alone, allocator/demand.py, said once in the
+log and by `sparkgate status`), the allocator:
+
+- makes a request when the app holds executors (when demand.py would mark them: at once when its refused pods
+  hold it, else after DEMAND_AFTER_SECONDS without a release): a PodTemplate made from a held executor (its
+  spec as admitted, less the node, the gates and the pod's identity) and a request for all the pods it holds,
+  named `sg-<app>-pr<n>` (contract.provisioning_name), labelled as the app's config-map copies are and owned
+  by its driver. Under best-effort-atomic-scale-up the held pods are not marked as well: cluster-autoscaler
+  would scale up twice for them (once for the request, once for the pods; YuniKorn writes reason
+  SchedulingSkipped where it wants the autoscaler to stay away, sparkgate leaves them SchedulingGated, which
+  it ignores);
+- holds the app's gated pods while its request is not provisioned (waiting reason `provisioning`), and
+  releases the pods it covers once `Provisioned=True`, each annotated to consume it in the same patch as the
+  gate's removal (contract.consuming_release), within every limit (the caps still hold). A check-capacity
+  request that found no capacity (`Provisioned=False`) holds nothing: that class never adds nodes, so the
+  app is paced as without a request and its held pods are marked for the autoscaler's ordinary scale-up
+  (demand.py), while cluster-autoscaler keeps checking the request; held until then, an app on a cluster
+  that must grow would wait for good;
+- one request at a time: a new one when the current one is consumed (as many pods released to it as it
+  counted) and the app holds more (dynamic allocation asked for more), or its booking expired
+  (`BookingExpired`) or its capacity was revoked (`CapacityRevoked`) with pods still held; after `Failed`,
+  the next one waits a backoff (1 minute, doubling per failure in a row, at most 10; CA's own backoff for a
+  request it could not provision), and meanwhile the app is paced as without a request. Each new request
+  deletes the app's older ones and their templates;
+- an app's requests and templates end with it (decision.py `_finish`, as its copies do), or as soon as the
+  policy no longer sets a class for it (`provisioning: none`, the runbook's way out of a request that never
+  provisions: docs/operations.md): any replica's watch finds them by their labels, so a new leader deletes
+  those of an app that ended before or after it took over.
+
+Pure: the decision's clock, the app's view (its requests and templates, from the cache's watches) and memory
+(`request_sent`, `request_retry_at`, `request_failures`, owned by the loop thread like the rest).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sparkgate import contract
+from sparkgate.contract import AppKey
+from sparkgate.policy import Allocation
+
+from . import demand
+from .model import Action, AppMemory, AppView, CreateRequest, DeleteRequest, PodRecord, RequestRecord
+
+SENT_EXPIRY = 60.0  # a request handed to the actor that the watch has not shown by then was not made
+BACKOFF = 60.0  # before a new request after a failed one; doubles per failure in a row
+MAX_BACKOFF = 600.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What an app's requests allow: `room` gated pods may be released now (None: no bound of theirs), each
+    consuming `consume` (request, class); `why` the app waits when room is 0."""
+
+    room: int | None = None
+    consume: tuple[str, str] | None = None
+    why: str | None = None
+
+
+def in_force(allocation: Allocation, served: bool) -> bool:
+    """A class is set for the app and the API server serves ProvisioningRequests."""
+    return served and allocation.provisioning != "none"
+
+
+def scales_up(allocation: Allocation) -> bool:
+    """The class adds nodes for the request (best-effort-atomic-scale-up): the held pods are then not marked
+    as well, or cluster-autoscaler would scale up twice for them. check-capacity only books the capacity that
+    is there: the held pods are marked as without a request, for its ordinary scale-up."""
+    return allocation.provisioning == "best-effort-atomic-scale-up"
+
+
+def current(app: AppView) -> RequestRecord | None:
+    """The app's request that still stands for its held pods: the newest, unless it ended or was consumed."""
+    if not app.requests:
+        return None
+    latest = app.requests[-1]
+    if not latest.active:
+        return None
+    if latest.state == "provisioned" and _consumed(app, latest) >= latest.count:
+        return None
+    return latest
+
+
+def _consumed(app: AppView, request: RequestRecord) -> int:
+    return sum(1 for p in app.pods if p.consumes == request.name)
+
+
+def plan(app: AppView, mem: AppMemory, now: float) -> Plan:
+    """How the app's requests bound its releases now (the app has a class in force)."""
+    sent = mem.request_sent
+    if sent is not None and (any(r.name == sent[0] for r in app.requests) or now - sent[1] > SENT_EXPIRY):
+        mem.request_sent = sent = None  # shown by the watch (or never made: a new one may be)
+    if sent is not None:
+        return Plan(0, None, f"ProvisioningRequest {sent[0]} is being made")
+    request = current(app)
+    if request is None:
+        return Plan()
+    if request.state == "provisioned":
+        mem.request_failures, mem.request_retry_at = 0, None
+        return Plan(max(0, request.count - _consumed(app, request)), (request.name, request.class_name))
+    if (
+        request.state == "not-provisioned"
+        and request.class_name == contract.PROVISIONING_CLASSES["check-capacity"]
+    ):
+        return Plan()  # no capacity to book: paced as without a request (its pods marked: `scales_up`)
+    said = f": {request.message}" if request.message else ""
+    return Plan(
+        0,
+        None,
+        f"ProvisioningRequest {request.name} ({request.count} executors) not provisioned yet by the cluster "
+        f"autoscaler ({request.state}{said})",
+    )
+
+
+def requests(
+    key: AppKey,
+    app: AppView,
+    held: Sequence[PodRecord],
+    scope: str | None,
+    allocation: Allocation,
+    mem: AppMemory,
+    now: float,
+) -> tuple[list[Action], float | None]:
+    """A new request for the pods the app holds, when one is due (the app has a class in force), with the
+    deletion of its older requests and templates; and when to decide it again for one (None: not for this)."""
+    if not held or mem.request_sent is not None or current(app) is not None:
+        return [], None
+    latest = app.requests[-1] if app.requests else None
+    if latest is not None and latest.state == "failed":
+        if mem.request_retry_at is None:
+            mem.request_failures += 1
+            mem.request_retry_at = now + min(MAX_BACKOFF, BACKOFF * 2 ** (mem.request_failures - 1))
+        if now < mem.request_retry_at:
+            return [], mem.request_retry_at
+    ready = demand.ready_at(scope if scope in demand.COUNTED else None, mem)
+    if ready is None or now < ready:
+        return [], ready
+    mem.request_retry_at = None
+    sequence = 1 + max(
+        [r.sequence for r in app.requests] + [contract.provisioning_sequence(t) for t in app.templates] + [0]
+    )
+    name = contract.provisioning_name(key.app_id, sequence)
+    mem.request_sent = (name, now)
+    old = {r.name for r in app.requests} | app.templates
+    out: list[Action] = [DeleteRequest(key, n) for n in sorted(old)]
+    owner = app.driver if app.driver is not None and not app.driver.finished else None
+    out.append(
+        CreateRequest(
+            key, name, contract.PROVISIONING_CLASSES[allocation.provisioning], len(held), held[0], owner
+        )
+    )
+    return out, None
+
+
+def finished(app: AppView) -> list[Action]:
+    """An app that is over, or no longer asks for requests: its requests and templates go."""
+    return [DeleteRequest(app.key, n) for n in sorted({r.name for r in app.requests} | app.templates)]

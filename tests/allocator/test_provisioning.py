@@ -1,0 +1,207 @@
+"""ProvisioningRequests, the pure rule (allocator/provisioning.py, through `decide`) and the cache's reading of
+a request's conditions (cache.py `request_record`), as cluster-autoscaler writes them (kubesim/provreq.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from msgspec.structs import replace
+
+from allocator.cache import request_record
+from allocator.decision import decide
+from allocator.model import (
+    AppMemory,
+    AppView,
+    CreateRequest,
+    DeleteRequest,
+    MarkHeld,
+    PodRecord,
+    Release,
+    RequestRecord,
+    Snapshot,
+)
+from allocator.provisioning import BACKOFF, SENT_EXPIRY
+from sparkgate import contract
+from sparkgate.policy import load_policy
+
+from .test_demand import APP, record
+
+ATOMIC = contract.PROVISIONING_CLASSES["best-effort-atomic-scale-up"]
+CHECK = contract.PROVISIONING_CLASSES["check-capacity"]
+
+
+def policy(klass: str = "best-effort-atomic-scale-up") -> Any:
+    return load_policy(
+        "apiVersion: sparkgate.io/v1alpha1\nkind: Policy\n"
+        f"allocation: {{batchSize: 4, maxPendingPerApp: 4, maxPendingCluster: 100, provisioning: {klass}}}\n"
+        "profiles: [{name: spark}]"
+    )
+
+
+def request(sequence: int, state: str, count: int = 6, klass: str = ATOMIC) -> RequestRecord:
+    name = contract.provisioning_name("app-a", sequence)
+    return RequestRecord("spark", name, "app-a", klass, count, state, sequence)
+
+
+def view(pods: list[PodRecord], *requests: RequestRecord) -> Snapshot:
+    templates = frozenset(r.name for r in requests)
+    return Snapshot(
+        {APP: AppView(APP, tuple(pods), None, False, frozenset(), requests, templates)}, frozenset()
+    )
+
+
+def refused_and_held(held: int = 6) -> list[PodRecord]:
+    verdict = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes"}
+    return [record(i, gated=False, condition=verdict) for i in range(1, 5)] + [
+        record(i) for i in range(5, 5 + held)
+    ]
+
+
+def kinds(d: Any) -> list[str]:
+    return [type(a).__name__ for a in d.actions if type(a).__name__ != "Event"]
+
+
+def test_a_request_for_every_held_pod_when_the_app_is_held_and_none_while_it_is_being_made() -> None:
+    pods = refused_and_held()
+    memory = {APP: AppMemory(last_release_at=0.0, waiting_since=0.0)}
+    d = decide(view(pods), policy(), 0.0, memory, provisioning_served=True)
+    [made] = [a for a in d.actions if isinstance(a, CreateRequest)]
+    assert (made.name, made.class_name, made.count, made.pod.name) == (
+        "sg-app-a-pr1",
+        ATOMIC,
+        6,
+        "app-a-exec-5",
+    )
+    assert not [a for a in d.actions if isinstance(a, MarkHeld)]  # the request stands for them
+    again = decide(view(pods), policy(), 1.0, d.memory, provisioning_served=True)
+    assert kinds(again) == []  # held by its refused pods, its request being made
+    # Not shown by the watch within SENT_EXPIRY: not made; a new one is.
+    late = decide(view(pods), policy(), SENT_EXPIRY + 1, again.memory, provisioning_served=True)
+    assert [a.name for a in late.actions if isinstance(a, CreateRequest)] == ["sg-app-a-pr1"]
+
+
+def test_not_served_or_none_no_request_the_condition_instead() -> None:
+    pods = refused_and_held()
+    memory = {APP: AppMemory(last_release_at=0.0, waiting_since=0.0)}
+    for d in (
+        decide(view(pods), policy(), 0.0, memory, provisioning_served=False),
+        decide(view(pods), policy("none"), 0.0, memory, provisioning_served=True),
+    ):
+        assert "CreateRequest" not in kinds(d) and len([a for a in d.actions if isinstance(a, MarkHeld)]) == 6
+
+
+@pytest.mark.parametrize("state", ["pending", "not-provisioned"])
+def test_the_held_pods_wait_while_the_request_is_not_provisioned(state: str) -> None:
+    held = [record(i) for i in range(1, 7)]
+    d = decide(view(held, request(1, state)), policy(), 5.0, {}, provisioning_served=True)
+    assert kinds(d) == [] and d.settings[APP].waiting_on == "provisioning"
+    assert "ProvisioningRequest sg-app-a-pr1 (6 executors) not provisioned yet" in (
+        d.settings[APP].waiting_for or ""
+    )
+
+
+def test_check_capacity_that_found_none_holds_nothing_and_its_held_pods_are_marked() -> None:
+    pods = [record(i) for i in range(1, 11)]
+    d = decide(
+        view(pods, request(1, "not-provisioned", 10, CHECK)), policy("check-capacity"), 5.0,
+        {APP: AppMemory(last_release_at=0.0, waiting_since=0.0)}, provisioning_served=True,
+    )  # fmt: skip
+    assert kinds(d).count("Release") == 4 and "CreateRequest" not in kinds(d)
+    released = {a.pod.uid for a in d.actions if isinstance(a, Release)}
+    waiting = [replace(p, gated=False, gate_index=None) if p.uid in released else p for p in pods]
+    later = decide(view(waiting, request(1, "not-provisioned", 10, CHECK)), policy("check-capacity"), 8.0,
+                   d.memory, provisioning_served=True)  # fmt: skip
+    assert kinds(later).count("MarkHeld") == 6  # 2 s without a release: shown to the ordinary scale-up
+
+
+def test_a_provisioned_request_releases_the_pods_it_covers_annotated_then_a_new_one_for_more() -> None:
+    pods = [record(i) for i in range(1, 11)]
+    d = decide(view(pods, request(1, "provisioned", 6)), policy(), 5.0, {}, provisioning_served=True)
+    released = [a for a in d.actions if isinstance(a, Release)]
+    assert len(released) == 4 and {a.consume for a in released} == {
+        ("sg-app-a-pr1", ATOMIC)
+    }  # maxPendingPerApp
+    consumed = [
+        replace(p, gated=False, gate_index=None, node="n", phase="Running", consumes="sg-app-a-pr1")
+        for p in pods[:6]
+    ]
+    rest = [*consumed, *pods[6:]]
+    d = decide(view(rest, request(1, "provisioned", 6)), policy(), 10.0, {APP: AppMemory(waiting_since=0.0)},
+               provisioning_served=True)  # fmt: skip
+    # Consumed: the 4 it holds are paced as without a request, and a new request follows when they wait.
+    assert [a.consume for a in d.actions if isinstance(a, Release)] == [None] * 4
+    in_flight = [replace(p, gated=False, gate_index=None) for p in pods[6:10]]
+    held = [*consumed, *in_flight, *[record(i) for i in range(11, 14)]]
+    d = decide(view(held, request(1, "provisioned", 6)), policy(), 20.0,
+               {APP: AppMemory(last_release_at=10.0, waiting_since=10.0)}, provisioning_served=True)  # fmt: skip
+    assert [
+        (type(a).__name__, a.name) for a in d.actions if isinstance(a, (CreateRequest, DeleteRequest))
+    ] == [
+        ("DeleteRequest", "sg-app-a-pr1"),
+        ("CreateRequest", "sg-app-a-pr2"),
+    ]
+
+
+@pytest.mark.parametrize("state", ["expired", "revoked"])
+def test_an_expired_or_revoked_request_is_followed_by_a_new_one_for_the_pods_still_held(state: str) -> None:
+    memory = {APP: AppMemory(last_release_at=0.0, waiting_since=0.0)}
+    d = decide(view(refused_and_held(), request(3, state)), policy(), 5.0, memory, provisioning_served=True)
+    assert [a.name for a in d.actions if isinstance(a, CreateRequest)] == ["sg-app-a-pr4"]
+
+
+def test_after_a_failed_request_the_next_waits_its_backoff_doubling_per_failure() -> None:
+    memory = {APP: AppMemory(last_release_at=0.0, waiting_since=0.0)}
+    failed = view(refused_and_held(), request(1, "failed"))
+    d = decide(failed, policy(), 5.0, memory, provisioning_served=True)
+    assert "CreateRequest" not in kinds(d) and d.due[APP] == 5.0 + BACKOFF
+    d = decide(failed, policy(), 5.0 + BACKOFF, d.memory, provisioning_served=True)
+    assert [a.name for a in d.actions if isinstance(a, CreateRequest)] == ["sg-app-a-pr2"]
+    second = view(refused_and_held(), request(2, "failed"))
+    memory = {APP: replace_memory(d.memory[APP], request_sent=None)}
+    d = decide(second, policy(), 100.0, memory, provisioning_served=True)
+    assert d.due[APP] == 100.0 + 2 * BACKOFF
+
+
+def replace_memory(memory: AppMemory, **changes: Any) -> AppMemory:
+    import dataclasses
+
+    return dataclasses.replace(memory, **changes)
+
+
+def test_an_app_that_is_over_loses_its_requests_and_templates() -> None:
+    snapshot = view([record(1)], request(1, "provisioned"), request(2, "pending"))
+    d = decide(snapshot, policy(), 5.0, {}, ended={APP}, provisioning_served=True)
+    assert sorted(a.name for a in d.actions if isinstance(a, DeleteRequest)) == [
+        "sg-app-a-pr1",
+        "sg-app-a-pr2",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("conditions", "state"),
+    [
+        ([], "pending"),
+        ([("Accepted", "True")], "pending"),
+        ([("Accepted", "True"), ("Provisioned", "False")], "not-provisioned"),
+        ([("Accepted", "True"), ("Provisioned", "True")], "provisioned"),
+        ([("Provisioned", "True"), ("BookingExpired", "True")], "expired"),
+        ([("Provisioned", "False"), ("Failed", "True")], "failed"),
+        ([("Provisioned", "True"), ("CapacityRevoked", "True")], "revoked"),
+    ],
+)
+def test_a_requests_state_from_its_conditions(conditions: list[tuple[str, str]], state: str) -> None:
+    obj = {
+        "metadata": {
+            "name": "sg-app-a-pr7",
+            "namespace": "spark",
+            "labels": {contract.LABEL_APP_ID: "app-a"},
+        },
+        "spec": {
+            "provisioningClassName": ATOMIC,
+            "podSets": [{"podTemplateRef": {"name": "x"}, "count": 12}],
+        },
+        "status": {"conditions": [{"type": t, "status": s, "message": f"{t} said"} for t, s in conditions]},
+    }
+    made = request_record(obj)
+    assert made is not None and (made.state, made.count, made.sequence) == (state, 12, 7)
