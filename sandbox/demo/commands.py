@@ -47,6 +47,8 @@ def register(subparsers: Any) -> None:
 
 def run_demo(args: argparse.Namespace) -> int:
     console = Console()
+    if not console.is_terminal:  # a log: a line as long as the comparison's columns need
+        console = Console(width=max(console.width, 120))
     if args.list:
         for name, s in sorted(SCENARIOS.items()):
             console.print(f"[bold]{name}[/bold]: {s.description}")

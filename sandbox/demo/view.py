@@ -131,7 +131,14 @@ def _mean(result: RunResult, key: str) -> float | None:
 
 def comparison(scenario: Scenario, results: list[RunResult]) -> Table:
     """The runs side by side, a column each."""
-    table = Table(title=f"{scenario.name}: {scenario.description}", show_lines=False)
+    settings = "; ".join(
+        f"{r.run.title}: sparkgate with " + ", ".join(f"{k}: {v}" for k, v in r.run.allocation.items())
+        for r in results
+        if r.run.allocation
+    )
+    table = Table(
+        title=f"{scenario.name}: {scenario.description}", caption=settings or None, show_lines=False
+    )
     table.add_column("measured in this run")
     for result in results:
         table.add_column(result.run.title, justify="right")
