@@ -1,4 +1,4 @@
-"""The value: the demo's with/without comparison at a larger size, as numbers.
+"""The value: the demo's with/without comparison at a larger size, as numbers, and on an autoscaled cluster.
 
 Runs `sparkgate demo --scenario large --no-live --json FILE` (the lead's demo, sandbox/demo/: the same Spark
 workload on kubesim, first without sparkgate, then with the real webhook and allocator) and reads its JSON:
@@ -7,7 +7,12 @@ attempts, API requests (by the drivers, by sparkgate, in all) and completion tim
 with/without. The demo is run as a command, as a user runs it, so this benchmark follows the demo as it
 changes; a failed run is reported with the demo's output, not hidden.
 
-    python -m bench.value [--scenario large] [--pacing adaptive|fixed] [--rounds 3] [--smoke]
+Then the `autoscaled` scenario (`--autoscaled`, under the document's "autoscaled"; bench/value_autoscaled.py):
+a node group grown by kubesim's cluster-autoscaler, run without sparkgate and once per setting of what the
+autoscaler sees, with issue 36's targets checked.
+
+    python -m bench.value [--scenario large] [--autoscaled autoscaled|none] [--pacing adaptive|fixed]
+                          [--rounds 3] [--smoke]
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import common
+from . import common, value_autoscaled
 from .common import Row, median
 
 NAME = "value"
@@ -29,7 +34,14 @@ NAME = "value"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", default="large", help="a `sparkgate demo --list` scenario")
-    parser.add_argument("--rounds", type=int, default=3, help="demo runs (each is without, then with)")
+    parser.add_argument(
+        "--autoscaled",
+        default="autoscaled",
+        help="the autoscaled scenario to run its four runs of (`none`: skip it)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="demo runs of each scenario (each is all of its runs)"
+    )
     parser.add_argument("--duration", type=float, help="bound of each run, seconds (default: the scenario's)")
     parser.add_argument(
         "--pacing", choices=("adaptive", "fixed"), help="the policy's (default: the scenario's)"
@@ -77,22 +89,6 @@ def compare(report: dict[str, Any]) -> dict[str, Any]:
     def ratio(a: float | None, b: float | None) -> float | None:
         return round(a / b, 3) if a is not None and b else None
 
-    def last(run: dict[str, Any]) -> float | None:
-        """When the last app completed, from the start of the run (None if one did not)."""
-        ends = [
-            app["submitted_s"] + app["complete_after_s"]
-            for app in run["apps"].values()
-            if app["complete_after_s"] is not None
-        ]
-        return round(max(ends), 2) if ends and len(ends) == len(run["apps"]) else None
-
-    def all_running(run: dict[str, Any]) -> float | None:
-        """When every app had all its executors running, from the start of the run (None if one never did)."""
-        apps = run["apps"].values()
-        if any(app["all_running_after_s"] is None for app in apps):
-            return None
-        return round(max(app["submitted_s"] + app["all_running_after_s"] for app in apps), 2)
-
     def all_created(run: dict[str, Any]) -> float | None:
         """When the drivers had created every executor, from the start of the run (None if none was)."""
         ends = [
@@ -136,8 +132,8 @@ def compare(report: dict[str, Any]) -> dict[str, Any]:
         "completion_ratio_per_app": {
             name: ratio(done_with.get(name), done_without.get(name)) for name in sorted(done_without)
         },
-        "all_complete_after_s": side_by_side(last),
-        "all_running_after_s": side_by_side(all_running),
+        "all_complete_after_s": side_by_side(value_autoscaled.last_complete),
+        "all_running_after_s": side_by_side(lambda run: run["all_running_s"]),
         # The fill split in two: how fast the drivers created the executors (the API server's time per
         # creation: the webhook's admission is in it), and how long each executor took from its creation
         # to running (the gate, the pacing, the scheduler and the kubelet are in it).
@@ -150,9 +146,9 @@ def compare(report: dict[str, Any]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     scenario, duration = args.scenario, args.duration
-    rounds = args.rounds
+    rounds, autoscaled = args.rounds, args.autoscaled
     if args.smoke:
-        scenario, rounds = "tiny", 1
+        scenario, rounds, autoscaled = "tiny", 1, "autoscaled-tiny" if autoscaled != "none" else "none"
     reports = [demo(scenario, duration, args.pacing) for _ in range(rounds)]
     comparisons = [compare(r) for r in reports]
 
@@ -193,6 +189,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "summary": summary,
         "comparisons": comparisons,
         "reports": reports,
+        "autoscaled": None
+        if autoscaled == "none"
+        else value_autoscaled.summarize([demo(autoscaled, duration, args.pacing) for _ in range(rounds)]),
     }
 
 
@@ -248,6 +247,7 @@ def rows(result: dict[str, Any]) -> list[Row]:
             "every app",
             s["every_app_complete_with"],
         ),
+        *(value_autoscaled.rows(result["autoscaled"]) if result.get("autoscaled") else []),
     ]
 
 

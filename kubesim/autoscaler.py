@@ -11,7 +11,10 @@ The loop (pkg/loop/trigger.go `Wait`, core/static_autoscaler.go `RunOnce`):
   not bound, not finished, whose PodScheduled=False/Unschedulable condition changed less than 10 s ago,
   whoever wrote it), and at once after a loop that scaled up, deleted nodes or processed a
   ProvisioningRequest. Its snapshot of pods and nodes is taken when it starts: pods marked while a loop
-  runs wait for the next one (`hold` keeps a loop from starting, so that writes land together);
+  runs wait for the next one (`hold` keeps a loop from starting, so that writes land together). A real
+  loop takes seconds between its snapshot and its scale-up (the simulation, the cloud's IncreaseSize),
+  kubesim's milliseconds: `loop_duration` stands in for that time, so that marks spread over it join one
+  loop as they would in CA, not one loop each;
 - the pods it helps are those ArrangePodsBySchedulability (utils/kubernetes/listers.go) finds unschedulable:
   not bound, not being deleted, PodScheduled=False with reason Unschedulable — gated or not. Any other
   unbound pod (a gated pod with reason SchedulingGated) is "ignored";
@@ -76,6 +79,13 @@ class AutoscalerConfig:
     utilization_threshold: float = 0.5  # --scale-down-utilization-threshold
     scale_down: bool = True  # --scale-down-enabled
     new_pods_buffer: float = 2.0  # unschedulablePodTimeBuffer (a constant in CA)
+    # Not a CA setting: how long one loop takes from its snapshot to its actions (0: kubesim's own speed,
+    # milliseconds). CA's RunOnce lists the nodes and pods first (core/static_autoscaler.go `RunOnce`,
+    # `obtainNodeLists`) and scales up at its end, after the simulation and the cloud's IncreaseSize; its
+    # iterations take seconds: below 10 s at 1,000 nodes (proposals/scalability_tests.md), about 5 s on
+    # average from a pod marked unschedulable to its scale-up on clusters below 100 nodes (FAQ.md "What
+    # are the Service Level Objectives", the new-pods buffer included).
+    loop_duration: float = 0.0
     provisioning_requests: bool = True  # --enable-provisioning-requests (serves the CRD)
     booking_time: float = 600.0  # processor.go defaultReservationTime (a constant in CA)
     request_initial_backoff: float = 60.0  # --provisioning-request-initial-backoff-time
@@ -233,6 +243,7 @@ class Autoscaler:
         for group in self.cloud.groups.values():
             for i in range(self.cloud.upcoming(group.name)):
                 snapshot.add_node(group.template(f"upcoming-{group.name}-{i}"))
+        self._spend(self.config.loop_duration)  # RunOnce's own time, on this snapshot
         # The pod-list processors, in CA's order.
         priority = sorted(marked, key=lambda p: -int((p.get("spec") or {}).get("priority") or 0))
         helped = snapshot.place_all(priority)
@@ -255,6 +266,14 @@ class Autoscaler:
         elif self.config.scale_down and scale_down_allowed:
             self._scale_down(loop, snapshot, bound, now)
         return scaled or bool(loop.deleted) or self.provisioning.last_processed != processed_before
+
+    def _spend(self, seconds: float) -> None:
+        """The loop's own time, after its snapshot: the cloud goes on meanwhile (nodes join when due)."""
+        end = self.clock() + seconds
+        while not self._stop.is_set() and (left := end - self.clock()) > 0:
+            due = self.cloud.next_due()
+            self._stop.wait(left if due is None else min(left, max(0.0, due - self.clock())))
+            self.cloud.boot_due()
 
     def _scale_up(
         self, loop: Loop, regular: Sequence[Obj], injected: Injected | None, snapshot: Snapshot

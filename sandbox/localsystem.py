@@ -48,6 +48,11 @@ from sparkgate.probe import MATCH_CONDITION
 
 WEBHOOK_TIMEOUT = 30  # seconds: the longest the API server allows (see the module docstring)
 GATE_POLICY = Path(__file__).resolve().parents[1] / "manifests" / "base" / "gate-policy.yaml"
+# A lease that a new replica takes over within seconds, for the fail-over tests. It also bounds each of the
+# leader's writes to a quarter of a second ((duration - deadline) / 2: docs/architecture.md "Leadership"), and
+# a replica whose lease is not renewed within 1.5 s exits: on a busy machine a kubesim that pauses that long
+# ends the only allocator of a long run, which the demo's runs avoid with the allocator's defaults (None).
+FAST_LEASE = (2.0, 1.5, 0.3)
 
 
 def webhook_configurations(
@@ -115,7 +120,9 @@ def lease_holder(cluster: Cluster, lease: str = contract.ALLOCATOR_LEASE) -> str
 
 class AllocatorProcess:
     """`sparkgate allocator` in its own process group (kill takes all of it), as the allocator's service
-    account (a token bound to a pod named `identity`), serving /metrics and /apps on a loopback port, without certificate rotation."""
+    account (a token bound to a pod named `identity`), serving /metrics and /apps on a loopback port, without certificate rotation.
+    `lease`: (lease duration, renew deadline, retry period), FAST_LEASE by default; None, the allocator's own
+    defaults."""
 
     def __init__(
         self,
@@ -125,9 +132,7 @@ class AllocatorProcess:
         identity: str = "alloc-1",
         *,
         tick: float = 0.5,
-        lease_duration: float = 2.0,
-        renew_deadline: float = 1.5,
-        retry_period: float = 0.3,
+        lease: tuple[float, float, float] | None = FAST_LEASE,
         log_level: str = "info",
         extra_args: tuple[str, ...] = (),
     ) -> None:
@@ -142,12 +147,15 @@ class AllocatorProcess:
             sys.executable, "-m", "sparkgate.cli", "allocator",
             "--kubeconfig", str(kubeconfig), "--policy", str(policy), "--namespace", contract.INSTALL_NAMESPACE,
             "--http", f"127.0.0.1:{self.port}", "--lease-name", contract.ALLOCATOR_LEASE, "--identity", identity,
-            "--tick", str(tick), "--lease-duration", str(lease_duration),
-            "--renew-deadline", str(renew_deadline), "--retry-period", str(retry_period),
-            "--log-level", log_level,
+            "--tick", str(tick), "--log-level", log_level,
             # The local webhook brings its own certificate: rotation here would inject another CA.
             "--no-certs", *extra_args,
         ]  # fmt: skip
+        if lease is not None:
+            for flag, value in zip(
+                ("--lease-duration", "--renew-deadline", "--retry-period"), lease, strict=True
+            ):
+                args += [flag, str(value)]
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
                 args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -194,6 +202,7 @@ class LocalSystem:
         namespaces: tuple[str, ...] = ("spark",),
         allocator_tick: float = 0.5,
         allocator_log_level: str = "info",
+        allocator_lease: tuple[float, float, float] | None = FAST_LEASE,
         admission: str = "webhook",
         gate_protection: str = "policy",
         **cluster_options: Any,
@@ -204,6 +213,7 @@ class LocalSystem:
         self.namespaces = namespaces
         self.allocator_tick = allocator_tick
         self.allocator_log_level = allocator_log_level
+        self.allocator_lease = allocator_lease
         self.admission = admission
         self.gate_protection = gate_protection
         self.cluster = Cluster(**cluster_options)
@@ -223,6 +233,7 @@ class LocalSystem:
                     self.workdir,
                     tick=self.allocator_tick,
                     log_level=self.allocator_log_level,
+                    lease=self.allocator_lease,
                     extra_args=("--admission", "policy"),
                 )
                 self.cluster.wait_for(
@@ -249,6 +260,7 @@ class LocalSystem:
                     self.workdir,
                     tick=self.allocator_tick,
                     log_level=self.allocator_log_level,
+                    lease=self.allocator_lease,
                 )
                 self.cluster.wait_for(
                     lambda: lease_holder(self.cluster) is not None,

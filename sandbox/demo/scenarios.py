@@ -4,11 +4,21 @@ An application needs `work` executor-seconds: it is complete when its running ex
 that long, and then its driver stops and its driver pod is deleted (its executors go with it, as on a real
 cluster). The drivers request executors as Spark does (`spark.kubernetes.allocation.batch.size` pods per
 `batch.delay`, no limit on pending pods: Spark's defaults).
+
+Most scenarios are one cluster of fixed size, run twice: without sparkgate, then with it. An autoscaled
+scenario (`Autoscaling`) starts small and grows a node group through kubesim's cluster-autoscaler
+(kubesim/autoscaler.py), and is run once more per setting that decides what the autoscaler sees
+(`RUNS_AUTOSCALED`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from kubesim.autoscaler import AutoscalerConfig
+from kubesim.nodegroups import NodeGroup
 
 
 @dataclass(frozen=True)
@@ -18,12 +28,107 @@ class AppSpec:
     submit_at: float  # seconds after the run starts
     task_seconds: float  # executor-seconds of work per executor the app ends with
     spark_batch: int = 5  # spark.kubernetes.allocation.batch.size
-    scale_to: tuple[float, int] | None = None  # (seconds after submission, executors): a scale-down
+    # The driver's later targets, (seconds after submission, executors): a scale-down, or dynamic allocation's
+    # ramp (`dynamic_allocation`).
+    scale: tuple[tuple[float, int], ...] = ()
+
+    @property
+    def final(self) -> int:
+        """The executors the app ends with: "all its executors running" means these."""
+        return self.scale[-1][1] if self.scale else self.executors
 
     @property
     def work(self) -> float:
-        final = self.scale_to[1] if self.scale_to else self.executors
-        return final * self.task_seconds
+        return self.final * self.task_seconds
+
+    def target_at(self, elapsed: float) -> int:
+        """The driver's target `elapsed` seconds after submission."""
+        target = self.executors
+        for at, executors in self.scale:
+            if at <= elapsed:
+                target = executors
+        return target
+
+
+def dynamic_allocation(
+    name: str,
+    *,
+    initial: int,
+    needed: int,
+    submit_at: float,
+    backlog_at: float,
+    backlog_timeout: float,
+    task_seconds: float,
+    spark_batch: int,
+) -> AppSpec:
+    """An app with dynamic allocation: `initial` executors (spark.dynamicAllocation.initialExecutors) until a
+    stage with tasks for `needed` executors starts waiting, `backlog_at` seconds after submission; then the
+    target ramps as Spark's ExecutorAllocationManager raises it (core ExecutorAllocationManager.scala
+    `addExecutors`): by 1, 2, 4, ... executors, doubling at each `sustainedSchedulerBacklogTimeout` while
+    the backlog lasts, capped at what the tasks need."""
+    steps, target, add, at = [], initial, 1, backlog_at
+    while target < needed:
+        target = min(needed, target + add)
+        steps.append((round(at, 3), target))
+        add, at = add * 2, at + backlog_timeout
+    return AppSpec(name, initial, submit_at, task_seconds, spark_batch=spark_batch, scale=tuple(steps))
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a scenario: without sparkgate, or with it and these policy settings."""
+
+    key: str  # its name in the report (`--json`)
+    title: str  # its column in the comparison
+    sparkgate: bool
+    allocation: Mapping[str, str] = field(default_factory=dict)  # added to the policy's `allocation`
+
+
+WITHOUT = RunSpec("without", "without sparkgate", sparkgate=False)
+WITH = RunSpec("with", "with sparkgate", sparkgate=True)
+# What the autoscaler sees of the executors sparkgate holds (docs/policy.md, issue 36): nothing (`released`,
+# the gate only), all of them (`held`: each marked PodScheduled=False/Unschedulable), or a
+# ProvisioningRequest per app for them.
+RUNS_AUTOSCALED = (
+    WITHOUT,
+    RunSpec("released", "sparkgate, released", sparkgate=True),
+)
+
+
+@dataclass(frozen=True)
+class Autoscaling:
+    """A node group that grows from nothing to fit every executor, and cluster-autoscaler's timers.
+
+    The timers kubesim measures on the monotonic clock are CA's defaults scaled by `time_scale` (a cloud's
+    minute to provision a node, the 10 s scan interval, 10 minutes before an unneeded node goes or a booking
+    expires), and so is a loop's own time, 3 s (kubesim/autoscaler.py `AutoscalerConfig.loop_duration`).
+    The new-pods buffer is compared with the pods' creationTimestamp, which the API server keeps in whole
+    seconds: scaled below a second it would mean nothing, so it is one second (CA's is two)."""
+
+    executors_per_node: int  # 1-CPU executors that fit on one of the group's nodes
+    max_nodes: int
+    time_scale: float = 0.1
+
+    def config(self) -> AutoscalerConfig:
+        scaled = self.time_scale
+        group = NodeGroup(
+            "spark-pool",
+            max_size=self.max_nodes,
+            cpu=str(self.executors_per_node),
+            memory=f"{4 * self.executors_per_node}Gi",
+        )
+        return AutoscalerConfig(
+            groups=(group,),
+            provisioning_delay=60.0 * scaled,
+            scan_interval=10.0 * scaled,
+            loop_duration=3.0 * scaled,
+            unneeded_time=600.0 * scaled,
+            delay_after_add=600.0 * scaled,
+            new_pods_buffer=1.0,
+            booking_time=600.0 * scaled,
+            request_initial_backoff=60.0 * scaled,
+            request_max_backoff=600.0 * scaled,
+        )
 
 
 @dataclass(frozen=True)
@@ -43,12 +148,21 @@ class Scenario:
         "adaptive"  # the policy's pacing (docs/policy.md "Pacing"); `sparkgate demo --pacing` overrides
     )
     spark_allocator: str = "direct"  # or "deployment": Spark 4.2+ has the ReplicaSet controller create them
+    autoscaling: Autoscaling | None = None  # None: the cluster keeps its `nodes`
+    runs: tuple[RunSpec, ...] = (WITHOUT, WITH)
 
     @property
     def capacity(self) -> int:
-        return self.nodes * self.executors_per_node
+        """Executor slots on the cluster as it starts (an autoscaled one also on the most its group grows to)."""
+        grown = self.autoscaling.max_nodes * self.autoscaling.executors_per_node if self.autoscaling else 0
+        return self.nodes * self.executors_per_node + grown
 
-    def policy_yaml(self) -> str:
+    @property
+    def executors(self) -> int:
+        return sum(a.final for a in self.apps)
+
+    def policy_yaml(self, run: RunSpec = WITH) -> str:
+        extra = "".join(f"  {key}: {value}\n" for key, value in run.allocation.items())
         return f"""\
 apiVersion: sparkgate.io/v1alpha1
 kind: Policy
@@ -59,7 +173,7 @@ allocation:
   maxPendingPerNamespace: {self.max_pending_cluster}
   maxPendingCluster: {self.max_pending_cluster}
   pacing: {self.pacing}
-caps:
+{extra}caps:
   batchSize: {max(50, self.batch_size)}
   maxPendingPerApp: {max(100, self.max_pending_per_app)}
 profiles:
@@ -67,6 +181,57 @@ profiles:
     labels:
       sparkgate.io/demo: "true"
 """
+
+
+def _autoscaled(
+    name: str,
+    description: str,
+    *,
+    sizes: tuple[int, int, int],
+    dynamic: tuple[int, int, float],  # initial executors, then needed from this many seconds on
+    per_node: int,
+    task_seconds: float,
+    batch_size: int,
+    max_pending_per_app: int,
+    max_pending_cluster: int,
+    time_scale: float,
+    duration: float,
+) -> Scenario:
+    """Three apps of `sizes` executors, submitted a second apart, and one whose dynamic allocation asks for
+    more once it runs, on one node that holds the drivers; a node group grows to fit them all. Spark's
+    timers are scaled as cluster-autoscaler's are (`Autoscaling.time_scale`)."""
+    apps = (
+        *(
+            AppSpec(f"etl-{letter}", size, float(i), task_seconds, spark_batch=10)
+            for i, (letter, size) in enumerate(zip("abc", sizes, strict=True))
+        ),
+        dynamic_allocation(
+            "dynamic",
+            initial=dynamic[0],
+            needed=dynamic[1],
+            submit_at=0.5,
+            backlog_at=dynamic[2],
+            backlog_timeout=1.0 * time_scale,  # spark.dynamicAllocation.sustainedSchedulerBacklogTimeout
+            task_seconds=task_seconds,
+            spark_batch=10,
+        ),
+    )
+    return Scenario(
+        name,
+        description,
+        nodes=1,
+        executors_per_node=4,
+        apps=apps,
+        batch_size=batch_size,
+        max_pending_per_app=max_pending_per_app,
+        max_pending_cluster=max_pending_cluster,
+        spark_batch_delay=1.0 * time_scale,  # spark.kubernetes.allocation.batch.delay
+        duration=duration,
+        autoscaling=Autoscaling(
+            per_node, math.ceil(sum(a.final for a in apps) / per_node) + 2, time_scale=time_scale
+        ),
+        runs=RUNS_AUTOSCALED,
+    )
 
 
 SCENARIOS = {
@@ -114,7 +279,7 @@ SCENARIOS = {
             nodes=4,
             executors_per_node=8,
             apps=(
-                AppSpec("shrinking", 60, 0.0, 8.0, spark_batch=20, scale_to=(2.0, 16)),
+                AppSpec("shrinking", 60, 0.0, 8.0, spark_batch=20, scale=((2.0, 16),)),
                 AppSpec("steady-a", 16, 1.0, 4.0),
                 AppSpec("steady-b", 16, 2.0, 4.0),
             ),
@@ -179,6 +344,33 @@ SCENARIOS = {
                     60.0,
                 ),
             )
+        ),
+        _autoscaled(
+            "autoscaled",
+            "one node and a node group that grows to fit 720 executors, a node 6 s after it is asked for: "
+            "apps of 250, 200 and 150, and one whose dynamic allocation ramps from 8 to 120",
+            sizes=(250, 200, 150),
+            dynamic=(8, 120, 8.0),
+            per_node=16,
+            task_seconds=25.0,
+            batch_size=40,
+            max_pending_per_app=100,
+            max_pending_cluster=150,
+            time_scale=0.1,
+            duration=300.0,
+        ),
+        _autoscaled(
+            "autoscaled-tiny",
+            "the autoscaled scenario at 44 executors, nodes of 4, a node 3 s after it is asked for (for CI)",
+            sizes=(12, 8, 8),
+            dynamic=(4, 16, 3.0),
+            per_node=4,
+            task_seconds=3.0,
+            batch_size=4,
+            max_pending_per_app=8,
+            max_pending_cluster=12,
+            time_scale=0.05,
+            duration=120.0,
         ),
     )
 }

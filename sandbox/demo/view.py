@@ -1,7 +1,9 @@
-"""What the demo shows: a live view of a run, plain progress lines for logs, and the final comparison."""
+"""What the demo shows: a live view of a run, plain progress lines for logs, and the final comparison of the
+scenario's runs, a column each (without sparkgate, then with it; an autoscaled scenario once per setting)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -14,7 +16,7 @@ from .workload import Run, RunResult
 
 
 def _title(run: Run) -> str:
-    return "with sparkgate" if run.sparkgate else "without sparkgate"
+    return run.spec.title
 
 
 def live_view(run: Run) -> RenderableType:
@@ -23,18 +25,17 @@ def live_view(run: Run) -> RenderableType:
     now = tracker.now()
     with tracker.lock:
         apps = list(tracker.apps.values())
-        unscheduled, peak, gated, running = (
+        unscheduled, peak, gated, running, nodes = (
             tracker.unscheduled,
             tracker.peak_unscheduled,
             tracker.gated,
             tracker.running,
+            tracker.nodes,
         )
         rows = [
             (
                 a.spec.name,
-                a.spec.executors
-                if a.spec.scale_to is None or now < a.submitted + a.spec.scale_to[0]
-                else a.spec.scale_to[1],
+                a.spec.target_at(now - a.submitted),
                 a.gated,
                 a.waiting + a.bound,
                 a.running,
@@ -74,9 +75,29 @@ def live_view(run: Run) -> RenderableType:
         f" (peak {peak})  ·  {gated} gated  ·  {running}/{scenario.capacity} executor slots running",
     )
     parts: list[RenderableType] = [table, cluster]
+    if scenario.autoscaling is not None:
+        parts.append(_nodes(run, nodes))
     for what, url in run.endpoints.items():
         parts.append(Text(f"{what}: {url}", style="dim"))
     return Group(*parts)
+
+
+def _nodes(run: Run, nodes: int) -> Text:
+    """The autoscaled cluster: its nodes, those asked for and not there yet, its scale-ups so far (the
+    autoscaler's target sizes and count, numbers its thread writes, read as they are for a display)."""
+    autoscaler = run.system.cluster.autoscaler if run.system is not None else None
+    if autoscaler is None:
+        return Text(f"nodes: {nodes}")
+    asked = sum(autoscaler.cloud.target.values()) + run.scenario.nodes
+    rounds = autoscaler.rounds - run.rounds_before
+    return Text.assemble(
+        ("nodes: ", "bold"),
+        f"{nodes} ",
+        ("█" * nodes, "green"),
+        ("░" * max(0, asked - nodes), "yellow"),
+        f" {max(0, asked - nodes)} provisioning · peak {run.tracker.peak_nodes} · {rounds} scale-ups · "
+        f"{run.tracker.node_seconds(run.tracker.now()) / 60:.1f} node-minutes",
+    )
 
 
 def plain_line(run: Run) -> str:
@@ -87,9 +108,10 @@ def plain_line(run: Run) -> str:
             + ("✓" if a.complete is not None else "")
             for a in tracker.apps.values()
         )
+        nodes = f" nodes={tracker.nodes}" if run.scenario.autoscaling is not None else ""
         return (
             f"[{_title(run)}] t={tracker.now():5.1f}s unscheduled={tracker.unscheduled} "
-            f"(peak {tracker.peak_unscheduled}) gated={tracker.gated} running={tracker.running} | {apps}"
+            f"(peak {tracker.peak_unscheduled}) gated={tracker.gated} running={tracker.running}{nodes} | {apps}"
         )
 
 
@@ -107,48 +129,57 @@ def _mean(result: RunResult, key: str) -> float | None:
     return None if not values or any(v is None for v in values) else sum(values) / len(values)
 
 
-def comparison(scenario: Scenario, without: RunResult, with_: RunResult) -> Table:
-    table = Table(title=f"{scenario.name}: {scenario.description}", show_lines=False)
+def comparison(scenario: Scenario, results: list[RunResult]) -> Table:
+    """The runs side by side, a column each."""
+    settings = "; ".join(
+        f"{r.run.title}: sparkgate with " + ", ".join(f"{k}: {v}" for k, v in r.run.allocation.items())
+        for r in results
+        if r.run.allocation
+    )
+    table = Table(
+        title=f"{scenario.name}: {scenario.description}", caption=settings or None, show_lines=False
+    )
     table.add_column("measured in this run")
-    table.add_column("without sparkgate", justify="right")
-    table.add_column("with sparkgate", justify="right")
-    table.add_row(
+    for result in results:
+        table.add_column(result.run.title, justify="right")
+
+    def row(figure: str, value: Callable[[RunResult], str]) -> None:
+        table.add_row(figure, *(value(r) for r in results))
+
+    cap = scenario.max_pending_cluster
+    if scenario.autoscaling is not None:
+        row("every executor running after", lambda r: _seconds(r.all_running))
+        row("scale-up rounds", lambda r: str(_autoscaled(r, "scale_up_rounds")))
+        row("peak nodes", lambda r: str(_autoscaled(r, "peak_nodes")))
+        row("node-minutes", lambda r: f"{_autoscaled(r, 'node_minutes'):.1f}")
+        row("peak pods waiting in the scheduler", lambda r: str(r.scheduler_peak_pending))
+    row(
         "peak unscheduled executor pods",
-        str(without.peak_unscheduled),
-        f"{with_.peak_unscheduled} (cap {scenario.max_pending_cluster})",
+        lambda r: f"{r.peak_unscheduled} (cap {cap})" if r.sparkgate else str(r.peak_unscheduled),
     )
-    table.add_row("peak executor pods held back (gated)", str(without.peak_gated), str(with_.peak_gated))
-    table.add_row("scheduling attempts", str(without.scheduling_attempts), str(with_.scheduling_attempts))
-    table.add_row(
-        "every app had its first executor after",
-        _seconds(_worst(without, "first_executor_after_s")),
-        _seconds(_worst(with_, "first_executor_after_s")),
-    )
-    table.add_row(
-        "mean time to first executor",
-        _seconds(_mean(without, "first_executor_after_s")),
-        _seconds(_mean(with_, "first_executor_after_s")),
-    )
-    table.add_row(
-        "every app had all its executors running after",
-        _seconds(_worst(without, "all_running_after_s")),
-        _seconds(_worst(with_, "all_running_after_s")),
-    )
-    for name in without.apps:
+    row("peak executor pods held back (gated)", lambda r: str(r.peak_gated))
+    row("releases past a limit", lambda r: str(len(r.cap_violations)) if r.sparkgate else "—")
+    row("scheduling attempts", lambda r: str(r.scheduling_attempts))
+    row("every app had its first executor after", lambda r: _seconds(_worst(r, "first_executor_after_s")))
+    row("mean time to first executor", lambda r: _seconds(_mean(r, "first_executor_after_s")))
+    row("every app had all its executors running after", lambda r: _seconds(_worst(r, "all_running_after_s")))
+    for app in scenario.apps:
         table.add_row(
-            f"  {name} complete after",
-            _seconds(without.apps[name]["complete_after_s"]),
-            _seconds(with_.apps.get(name, {}).get("complete_after_s")),
+            f"  {app.name} complete after",
+            *(_seconds(r.apps.get(app.name, {}).get("complete_after_s")) for r in results),
         )
-    table.add_row("all apps complete after", _seconds(_total(without)), _seconds(_total(with_)))
+    row("all apps complete after", lambda r: _seconds(_total(r)))
     for who in ("spark drivers", "sparkgate"):
-        table.add_row(f"API requests by {who}", str(without.api_requests[who]), str(with_.api_requests[who]))
-    table.add_row(
+        table.add_row(f"API requests by {who}", *(str(r.api_requests[who]) for r in results))
+    row(
         "executor pods deleted before running",
-        str(sum(a["deleted_before_running"] for a in without.apps.values())),
-        str(sum(a["deleted_before_running"] for a in with_.apps.values())),
+        lambda r: str(sum(a["deleted_before_running"] for a in r.apps.values())),
     )
     return table
+
+
+def _autoscaled(result: RunResult, key: str) -> Any:
+    return (result.autoscaling or {}).get(key, 0)
 
 
 def _total(result: RunResult) -> float | None:
@@ -157,14 +188,34 @@ def _total(result: RunResult) -> float | None:
     return max(float(a["submitted_s"] + a["complete_after_s"]) for a in result.apps.values())
 
 
-def report_dict(scenario: Scenario, without: RunResult, with_: RunResult) -> dict[str, Any]:
+def report_dict(scenario: Scenario, results: list[RunResult]) -> dict[str, Any]:
+    """The comparison as JSON: the scenario, then each run under its key ("without", "with"; an autoscaled
+    scenario's "without", "released", ...), in the order `runs` lists them."""
     return {
         "scenario": scenario.name,
         "description": scenario.description,
         "executor_slots": scenario.capacity,
+        "executors": scenario.executors,
         "cap": scenario.max_pending_cluster,
         "pacing": scenario.pacing,
         "spark_allocator": scenario.spark_allocator,
-        "without": without.to_dict(),
-        "with": with_.to_dict(),
+        "autoscaling": None
+        if scenario.autoscaling is None
+        else {
+            "static_nodes": scenario.nodes,
+            "executors_per_node": scenario.autoscaling.executors_per_node,
+            "max_nodes": scenario.autoscaling.max_nodes,
+            **{
+                key: getattr(scenario.autoscaling.config(), key)
+                for key in (
+                    "provisioning_delay",
+                    "scan_interval",
+                    "loop_duration",
+                    "new_pods_buffer",
+                    "unneeded_time",
+                )
+            },
+        },
+        "runs": [r.run.key for r in results],
+        **{r.run.key: r.to_dict() for r in results},
     }

@@ -1,8 +1,15 @@
 """One run of a scenario on kubesim, with or without sparkgate, and what it measured.
 
-Measurement is exact and in-process: a store listener sees every committed change of an executor pod in
-order (no polling, no watch latency), so the peak of unscheduled pods is the true peak, and an app's work
-is integrated over the moments its running executors change.
+Measurement is exact and in-process: a store listener sees every committed change of an executor pod and of
+a node in order (no polling, no watch latency), so the peak of unscheduled pods is the true peak, an app's
+work is integrated over the moments its running executors change, and with sparkgate every gate removal is
+judged by the one cap checker (sandbox/caps.py). The nodes are counted as they join and go, so the
+node-minutes are those until the moment the last app completed. On an autoscaled cluster the autoscaler's
+scale-up rounds are read from it at the end (kubesim/autoscaler.py `plans`), and on every cluster the
+scheduler's own peak of pods waiting (kubesim/scheduler.py `peak_pending`).
+
+Threads: the Tracker is fed by the store's committing threads and read by the run's thread (the live view,
+the result), under its lock; the Run's own state belongs to the thread that calls `execute`.
 """
 
 from __future__ import annotations
@@ -17,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from kubesim.sparkdriver import SparkDriver
+from sandbox.caps import CapChecker, Caps, state_of
 from sandbox.localsystem import LocalSystem
 from sparkgate import contract
 
-from .scenarios import AppSpec, Scenario
+from .scenarios import AppSpec, RunSpec, Scenario
 
 NAMESPACE = "spark"
 DRIVER_USER = f"system:serviceaccount:{NAMESPACE}:spark"
@@ -76,6 +84,14 @@ class AppState:
         }
 
 
+def _marked(status: dict[str, Any]) -> bool:
+    """PodScheduled=False with reason Unschedulable: what cluster-autoscaler counts (kubesim/autoscaler.py)."""
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in status.get("conditions") or ()
+    )
+
+
 @dataclass
 class _Pod:
     app: str
@@ -88,9 +104,13 @@ class _Pod:
 class Tracker:
     """Per-app and cluster counts from the store's committed changes, and the peaks."""
 
-    def __init__(self, started: float, clock: Callable[[], float]) -> None:
+    def __init__(self, started: float, clock: Callable[[], float], caps: Caps | None = None) -> None:
         self.started = started
         self.clock = clock
+        self.checker = CapChecker(caps) if caps is not None else None  # with sparkgate: every release judged
+        self.nodes = 0
+        self.peak_nodes = 0
+        self.node_lives: dict[str, list[float]] = {}  # node -> [joined, left], seconds since the run started
         self.lock = threading.Lock()
         self.apps: dict[str, AppState] = {}  # by app id
         self.pods: dict[str, _Pod] = {}  # by uid
@@ -102,6 +122,10 @@ class Tracker:
         self.bypassed = 0  # executor pods without the sparkgate.io/profile annotation (with sparkgate)
         self.created: dict[str, float] = {}  # by uid, until the pod first runs or goes: when it was created
         self.start_latencies: list[float] = []  # each executor's creation -> first Running, seconds
+        # Each executor's creation -> first marked PodScheduled=False/Unschedulable (by the scheduler, or by
+        # sparkgate on a held pod): when cluster-autoscaler can first see it. Pods bound unmarked are not in it.
+        self.mark_latencies: list[float] = []
+        self._unmarked: dict[str, float] = {}  # by uid, until first marked or bound: when it was created
 
     def now(self) -> float:
         return self.clock() - self.started
@@ -114,6 +138,9 @@ class Tracker:
             return state
 
     def on_change(self, kind: str, resource: str, obj: dict[str, Any]) -> None:
+        if resource == "nodes":
+            self.node_changed(kind, obj["metadata"]["name"])
+            return
         if resource != "pods":
             return
         meta = obj.get("metadata") or {}
@@ -134,6 +161,8 @@ class Tracker:
         with self.lock:
             now = self.now()
             uid = meta.get("uid", "")
+            if self.checker is not None:
+                self.checker.change(uid, state_of(obj) if kind != "DELETED" else None)
             old = self.pods.pop(uid, None)
             if old is None and new is not None:
                 self.created[uid] = now
@@ -143,6 +172,12 @@ class Tracker:
                 self.start_latencies.append(now - created)
             elif new is None:
                 self.created.pop(uid, None)
+            if old is None and new is not None and not new.bound:
+                self._unmarked[uid] = now
+            if new is None or new.bound:
+                self._unmarked.pop(uid, None)
+            elif uid in self._unmarked and _marked(status):
+                self.mark_latencies.append(now - self._unmarked.pop(uid))
             if (
                 old is None
                 and new is not None
@@ -160,6 +195,29 @@ class Tracker:
                     app.deleted += 1
             self.peak_unscheduled = max(self.peak_unscheduled, self.unscheduled)
             self.peak_gated = max(self.peak_gated, self.gated)
+
+    def node_changed(self, kind: str, name: str, at: float | None = None) -> None:
+        """A node joined (ADDED) or left (DELETED) now, or `at` (seconds since the run started)."""
+        with self.lock:
+            life = self.node_lives.get(name)
+            if kind == "ADDED" and life is None:
+                self.node_lives[name] = [self.now() if at is None else at]
+                self.nodes += 1
+                self.peak_nodes = max(self.peak_nodes, self.nodes)
+            elif kind == "DELETED" and life is not None and len(life) == 1:
+                life.append(self.now())
+                self.nodes -= 1
+
+    def node_joins(self) -> list[float]:
+        """When each node joined, seconds since the run started (the nodes there at its start: 0)."""
+        with self.lock:
+            return sorted(life[0] for life in self.node_lives.values())
+
+    def node_seconds(self, until: float) -> float:
+        """Every node's time in the cluster from the start of the run until `until`."""
+        with self.lock:
+            return sum(max(0.0, min(life[-1] if len(life) > 1 else until, until) - life[0])
+                       for life in self.node_lives.values())  # fmt: skip
 
     def _count(self, pod: _Pod, sign: int, now: float) -> None:
         app = self.apps.get(pod.app)
@@ -181,8 +239,7 @@ class Tracker:
                 app.running += sign
                 if app.first_running is None and sign > 0:
                     app.first_running = now
-                target = app.spec.scale_to[1] if app.spec.scale_to else app.spec.executors
-                if app.all_running is None and app.running >= target:
+                if app.all_running is None and app.running >= app.spec.final:
                     app.all_running = now
 
     def finish(self, app: AppState, at: float) -> None:
@@ -193,7 +250,7 @@ class Tracker:
 
 @dataclass
 class RunResult:
-    sparkgate: bool
+    run: RunSpec
     seconds: float
     apps: dict[str, dict[str, Any]]
     peak_unscheduled: int
@@ -203,14 +260,33 @@ class RunResult:
     bypassed: int = 0
     endpoints: dict[str, str] = field(default_factory=dict)
     start_latencies: list[float] = field(default_factory=list)  # each executor's creation -> first Running
+    mark_latencies: list[float] = field(default_factory=list)  # creation -> first marked Unschedulable
+    scheduler_peak_pending: int = 0  # the most pods (drivers too) the scheduler had waiting at once
+    cap_violations: list[str] = field(default_factory=list)  # gate removals past a limit (sandbox/caps.py)
+    autoscaling: dict[str, Any] | None = None  # on an autoscaled cluster: scale-ups, nodes, node-minutes
+
+    @property
+    def sparkgate(self) -> bool:
+        return self.run.sparkgate
 
     @property
     def complete(self) -> bool:
         return all(a["complete_after_s"] is not None for a in self.apps.values())
 
+    @property
+    def all_running(self) -> float | None:
+        """When every app had all its executors running, seconds since the run started (None: one never did)."""
+        apps = self.apps.values()
+        if not apps or any(a["all_running_after_s"] is None for a in apps):
+            return None
+        return round(max(float(a["submitted_s"] + a["all_running_after_s"]) for a in apps), 2)
+
     def to_dict(self) -> dict[str, Any]:
         return {
+            "run": self.run.key,
+            "title": self.run.title,
             "sparkgate": self.sparkgate,
+            "policy": dict(self.run.allocation),
             "seconds": round(self.seconds, 2),
             "complete": self.complete,
             "peak_unscheduled_executor_pods": self.peak_unscheduled,
@@ -219,6 +295,12 @@ class RunResult:
             "api_requests": dict(self.api_requests),
             "bypassed_pods": self.bypassed,
             "executor_start_s": [round(x, 3) for x in self.start_latencies],  # creation -> first Running
+            # Each executor's creation -> first PodScheduled=False/Unschedulable: when an autoscaler could see it.
+            "executor_marked_s": [round(x, 3) for x in self.mark_latencies],
+            "all_running_s": self.all_running,
+            "scheduler_peak_pending": self.scheduler_peak_pending,
+            "cap_violations": self.cap_violations,
+            "autoscaling": self.autoscaling,
             "apps": self.apps,
         }
 
@@ -229,8 +311,8 @@ class Run:
     def __init__(
         self,
         scenario: Scenario,
+        spec: RunSpec,
         *,
-        sparkgate: bool,
         duration: float,
         admission: str = "webhook",
         on_tick: Callable[[Run], None] = lambda run: None,
@@ -238,7 +320,8 @@ class Run:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.scenario = scenario
-        self.sparkgate = sparkgate
+        self.spec = spec
+        self.sparkgate = spec.sparkgate
         self.duration = duration
         self.admission = admission
         self.on_tick = on_tick
@@ -246,6 +329,7 @@ class Run:
         self.clock = clock
         self.tracker = Tracker(clock(), clock)
         self.system: LocalSystem | None = None
+        self.rounds_before = 0  # the autoscaler's scale-up rounds before the first driver (it starts idle: 0)
         self.drivers: dict[str, SparkDriver] = {}
         self._stop = threading.Event()
 
@@ -257,7 +341,8 @@ class Run:
         with tempfile.TemporaryDirectory(prefix="sparkgate-demo-") as tmp:
             workdir = Path(tmp)
             policy = workdir / "policy.yaml"
-            policy.write_text(scenario.policy_yaml())
+            policy.write_text(scenario.policy_yaml(self.spec))
+            autoscaling = scenario.autoscaling
             with LocalSystem(
                 policy,
                 workdir,
@@ -266,12 +351,14 @@ class Run:
                 namespaces=(NAMESPACE,),
                 allocator_tick=0.5,
                 allocator_log_level="warning",
+                allocator_lease=None,  # the allocator's own: a busy machine must not end the run's only one
                 nodes=scenario.nodes,
                 # Room for the drivers (0.1 CPU each) beside the executors of 1 CPU.
                 node_cpu=f"{scenario.executors_per_node * 1000 + 100 * len(scenario.apps)}m",
                 node_memory="1000Gi",
                 start_delay=0.3,
                 bookmark_interval=1.0,
+                autoscaler=autoscaling.config() if autoscaling else None,
             ) as system:
                 self.system = system
                 return self._drive(system)
@@ -292,10 +379,17 @@ class Run:
         cluster = system.cluster
         cluster.requests.clear()
         attempts = cluster.scheduler.attempts
-        tracker = self.tracker = Tracker(self.clock(), self.clock)
+        scenario = self.scenario
+        caps = Caps(scenario.max_pending_per_app, scenario.max_pending_cluster, scenario.max_pending_cluster)
+        tracker = self.tracker = Tracker(self.clock(), self.clock, caps if self.sparkgate else None)
         unsubscribe = cluster.store.subscribe(tracker.on_change)
-        waiting = sorted(self.scenario.apps, key=lambda a: a.submit_at)
-        scale_downs: list[tuple[float, AppState]] = []
+        for node in cluster.store.list_objects("nodes")[0]:
+            tracker.node_changed("ADDED", node["metadata"]["name"], at=0.0)
+        cluster.scheduler.reset_peak_pending()
+        if cluster.autoscaler is not None:
+            self.rounds_before = cluster.autoscaler.rounds
+        waiting = sorted(scenario.apps, key=lambda a: a.submit_at)
+        scale: list[tuple[float, AppState, int]] = []  # (when, app, executors): the drivers' later targets
         enders: list[threading.Thread] = []
         try:
             while not self._stop.is_set():
@@ -315,12 +409,11 @@ class Run:
                     )
                     state = tracker.register(spec, driver.app_id)
                     self.drivers[spec.name] = driver.start()
-                    if spec.scale_to:
-                        scale_downs.append((state.submitted + spec.scale_to[0], state))
-                for at, state in list(scale_downs):
-                    if at <= now and state.spec.scale_to:
-                        self.drivers[state.spec.name].scale_to(state.spec.scale_to[1])
-                        scale_downs.remove((at, state))
+                    scale.extend((state.submitted + at, state, executors) for at, executors in spec.scale)
+                while scale and min(at for at, _, _ in scale) <= now:
+                    step = min(scale, key=lambda s: s[0])
+                    scale.remove(step)
+                    self.drivers[step[1].spec.name].scale_to(step[2])
                 for state in list(tracker.apps.values()):
                     due = state.due(now)
                     if state.complete is None and due is not None and due <= now:
@@ -350,8 +443,23 @@ class Run:
                 by_who["other"] += 1
         with tracker.lock:
             apps = {a.spec.name: a.summary() for a in tracker.apps.values()}
+            violations = list(tracker.checker.violations) if tracker.checker else []
+            ends = [a.complete for a in tracker.apps.values() if a.complete is not None]
+            complete = len(ends) == len(tracker.apps) > 0
+        autoscaled = None
+        if cluster.autoscaler is not None:
+            plans = cluster.autoscaler.plans[self.rounds_before :]
+            until = max(ends) if complete else seconds
+            autoscaled = {
+                "scale_up_rounds": len(plans),
+                "nodes_added": [sum(to - before for before, to in plan.values()) for plan in plans],
+                "peak_nodes": tracker.peak_nodes,
+                # Until the last app completed (its nodes' unneeded time before a scale-down is not in it).
+                "node_minutes": round(tracker.node_seconds(until) / 60, 2),
+                "node_joins_s": [round(t, 2) for t in tracker.node_joins() if t > 0],
+            }
         return RunResult(
-            self.sparkgate,
+            self.spec,
             seconds,
             apps,
             tracker.peak_unscheduled,
@@ -361,6 +469,10 @@ class Run:
             tracker.bypassed if self.sparkgate else 0,
             self.endpoints,
             list(tracker.start_latencies),
+            list(tracker.mark_latencies),
+            cluster.scheduler.peak_pending,
+            violations,
+            autoscaled,
         )
 
     @staticmethod

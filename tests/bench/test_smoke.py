@@ -60,7 +60,7 @@ def smoke(names: list[str], out: Path) -> dict[str, tuple[int, str, dict[str, An
     found: dict[str, tuple[int, str, dict[str, Any]]] = {}
     try:
         for name, process in running.items():
-            output, _ = process.communicate(timeout=300)
+            output, _ = process.communicate(timeout=600)
             path = out / f"{name}.json"
             found[name] = (process.returncode, output, json.loads(path.read_text()) if path.exists() else {})
     finally:
@@ -185,6 +185,29 @@ def test_value(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
             and 0 < comparison["executor_start_p50_s"][side] <= comparison["executor_start_p90_s"][side]
         )
         assert comparison["executor_start_p90_s"][side] <= max(started)
+    # The autoscaled scenario: without sparkgate and each setting of what the autoscaler sees, side by side.
+    autoscaled = document["autoscaled"]
+    assert autoscaled["scenario"] == "autoscaled-tiny" and autoscaled["runs"][:2] == ["without", "released"]
+    assert (
+        autoscaled["demo_exit_codes"] == [0] and len(autoscaled["comparisons"]) == autoscaled["rounds"] == 1
+    )
+    for key in autoscaled["runs"]:
+        figures = autoscaled["summary"][key]
+        assert (
+            figures["scale_up_rounds"] >= 1
+            and figures["peak_nodes"] > 1
+            and positive(figures["node_minutes"])
+        )
+        assert figures["peak_unscheduled"] > 0 and figures["cap_violations"] == 0
+        assert 0 <= figures["marked_p50_s"] <= figures["marked_p90_s"]
+    without, released = autoscaled["summary"]["without"], autoscaled["summary"]["released"]
+    assert without["peak_unscheduled"] > autoscaled["cap"] >= released["peak_unscheduled"]
+    assert positive(without["all_running_s"]) and positive(
+        autoscaled["ratios"]["released"]["all_complete_s"]["median"]
+    )
+    held = autoscaled["targets"]
+    assert set(held) in (set(), {"all_running", "scale_up_rounds", "peak_nodes", "node_minutes", "cap"})
+    assert all(isinstance(target["met"], bool) for target in held.values())
 
 
 def test_extender(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:

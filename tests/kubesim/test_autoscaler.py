@@ -151,6 +151,28 @@ def test_gated_pods_marked_one_by_one_scale_up_in_steps() -> None:
         assert planned == ["Autoscaler loop triggered by unschedulable pod appearing"] * 3
 
 
+def test_pods_marked_while_a_loop_runs_wait_for_the_next_one() -> None:
+    """core/static_autoscaler.go `RunOnce` lists the pods and nodes at its start and scales up at its end,
+    seconds later in a real CA (`loop_duration` stands in for that time): pods marked in between are the
+    next loop's, which the productive loop starts at once (loop/trigger.go). The cloud goes on meanwhile:
+    nodes due while a loop spends its time join when due, not at its end."""
+    with autoscaled(scan_interval=3600.0, loop_duration=3.0) as cluster:
+        api = core(cluster)
+        autoscaler = cluster.autoscaler
+        assert autoscaler is not None
+        names = create(api, 5)
+        mark_together(cluster, api, names[:2])
+        cluster.wait_for(lambda: any(loop.unschedulable == 2 for loop in autoscaler.loops))  # its snapshot
+        for name in names[2:]:
+            mark(api, name)
+        cluster.wait_for(lambda: autoscaler.rounds == 1)
+        assert autoscaler.plans == [{"ng-small": (0, 2)}]
+        cluster.wait_for(lambda: len(nodes(cluster)) == 2, what="the first plan's nodes")
+        assert autoscaler.loop_count == 2 and autoscaler.loops[-1].outcome == ""  # the next loop still runs
+        cluster.wait_for(lambda: autoscaler.rounds == 2)
+        assert autoscaler.plans[1] == {"ng-small": (2, 5)} and autoscaler.loops[-1].unschedulable == 5
+
+
 def test_pods_that_fit_the_nodes_scale_nothing() -> None:
     """filter_out_schedulable.go: unschedulable pods that the simulation packs onto existing nodes are
     dropped before a scale-up ("Schedulable pods present")."""

@@ -1,4 +1,5 @@
-"""`sparkgate demo`: the command end to end on its CI scenario, and the tracker and view it is built on."""
+"""`sparkgate demo`: the command end to end on its CI scenarios (a fixed cluster, an autoscaled one), and the
+tracker and view it is built on."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from sandbox.demo.scenarios import SCENARIOS, AppSpec
-from sandbox.demo.view import live_view, plain_line
-from sandbox.demo.workload import Run, Tracker
+from sandbox.caps import Caps
+from sandbox.demo.scenarios import SCENARIOS, WITH, AppSpec, dynamic_allocation
+from sandbox.demo.view import comparison, live_view, plain_line, report_dict
+from sandbox.demo.workload import Run, RunResult, Tracker
 from sparkgate import contract
 from sparkgate.policy import load_policy
 
@@ -88,6 +90,51 @@ def test_the_demo_compares_without_and_with_and_leaves_nothing_behind(tmp_path: 
     assert processes_mentioning(str(tmp_path)) == []
 
 
+def test_the_autoscaled_demo_runs_each_setting_and_grows_the_cluster(tmp_path: Path) -> None:
+    """The autoscaled scenario: one run per setting of what the autoscaler sees, in a column each; the node
+    group grows in every run, and with sparkgate the scheduler never sees more than the cap."""
+    scenario = SCENARIOS["autoscaled-tiny"]
+    out = tmp_path / "report.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "sparkgate.cli", "demo", "--scenario", scenario.name, "--duration",
+         str(DURATION), "--no-live", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=len(scenario.runs) * DURATION + 120,
+        env={**os.environ, "TMPDIR": str(tmp_path), "COLUMNS": "200"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(out.read_text())
+    assert report["runs"] == [run.key for run in scenario.runs] and report["runs"][0] == "without"
+    assert report["autoscaling"]["static_nodes"] == 1 and report["executors"] == scenario.executors
+    cap, drivers = scenario.max_pending_cluster, len(scenario.apps)
+    for run in scenario.runs:
+        result = report[run.key]
+        grown = result["autoscaling"]
+        assert result["complete"] and result["sparkgate"] == run.sparkgate, run.key
+        # Nodes joined (the static one counted from the start), each after a scale-up asked for it.
+        assert grown["scale_up_rounds"] == len(grown["nodes_added"]) >= 1
+        assert sum(grown["nodes_added"]) >= len(grown["node_joins_s"]) >= grown["peak_nodes"] - 1 >= 1
+        assert grown["node_minutes"] > 0
+        assert result["executor_marked_s"], run.key  # the autoscaler had pods to see
+        if run.sparkgate:
+            assert result["cap_violations"] == [] and 0 < result["peak_unscheduled_executor_pods"] <= cap
+            assert result["scheduler_peak_pending"] <= cap + drivers  # the drivers wait there too
+            assert result["peak_gated_executor_pods"] > 0 and result["bypassed_pods"] == 0
+    without = report["without"]
+    # Without sparkgate the node group grows to fit every executor at once: all of them run.
+    assert without["all_running_s"] is not None and without["scheduler_peak_pending"] > cap
+    assert without["autoscaling"]["peak_nodes"] * 4 >= scenario.executors
+    # The comparison printed is the JSON's, a column per run.
+    header = next(line for line in done.stdout.splitlines() if "measured in this run" in line)
+    assert all(run.title in header for run in scenario.runs)
+    rounds = next(line for line in done.stdout.splitlines() if "scale-up rounds" in line)
+    assert rounds.replace("│", " ").split()[2:] == [
+        str(report[k]["autoscaling"]["scale_up_rounds"]) for k in report["runs"]
+    ]
+    assert processes_mentioning(str(tmp_path)) == []
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 0.0
@@ -97,8 +144,9 @@ class Clock:
 
 
 def pod(
-    uid: str, app: str, *, gated: bool, node: str | None = None, phase: str = "Pending"
+    uid: str, app: str, *, gated: bool, node: str | None = None, phase: str = "Pending", marked: bool = False
 ) -> dict[str, Any]:
+    condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes"}
     return {
         "metadata": {
             "uid": uid,
@@ -108,7 +156,7 @@ def pod(
             "annotations": {contract.ANNOTATION_PROFILE: "demo"},
         },
         "spec": {"schedulingGates": [{"name": contract.GATE}] if gated else [], "nodeName": node},
-        "status": {"phase": phase},
+        "status": {"phase": phase, **({"conditions": [condition]} if marked else {})},
     }
 
 
@@ -145,9 +193,85 @@ def test_tracker_counts_states_peaks_and_integrates_work() -> None:
     assert tracker.bypassed == 1
 
 
+def test_tracker_judges_each_release_counts_nodes_and_times_the_marks() -> None:
+    """With sparkgate every gate removal is judged by the one cap checker (sandbox/caps.py); nodes are
+    counted as they join; each executor's creation -> first PodScheduled=False/Unschedulable is timed."""
+    clock = Clock()
+    tracker = Tracker(0.0, clock, Caps(per_app=2, per_namespace=2, cluster=2))
+    tracker.register(AppSpec("etl", 3, 0.0, 1.0), "app-1")
+    for uid in ("p1", "p2", "p3"):
+        tracker.on_change("ADDED", "pods", pod(uid, "app-1", gated=True))
+    clock.now = 0.5
+    tracker.on_change("MODIFIED", "pods", pod("p1", "app-1", gated=True, marked=True))  # held, marked
+    tracker.on_change("MODIFIED", "pods", pod("p2", "app-1", gated=False))
+    tracker.on_change("MODIFIED", "pods", pod("p1", "app-1", gated=False, marked=True))
+    assert tracker.checker is not None and tracker.checker.violations == []
+    clock.now = 1.5
+    tracker.on_change("MODIFIED", "pods", pod("p2", "app-1", gated=False, marked=True))  # the scheduler's
+    tracker.on_change("MODIFIED", "pods", pod("p3", "app-1", gated=False))  # a third in flight: past 2
+    assert len(tracker.checker.violations) == 3  # the app's, the namespace's and the cluster's limit
+    tracker.on_change("MODIFIED", "pods", pod("p3", "app-1", gated=False, node="n1", marked=True))
+    assert tracker.mark_latencies == [0.5, 1.5]  # p3 was bound before it was ever marked
+    tracker.on_change("ADDED", "nodes", {"metadata": {"name": "n1"}})
+    clock.now = 2.0
+    tracker.on_change("ADDED", "nodes", {"metadata": {"name": "n2"}})
+    tracker.on_change("MODIFIED", "nodes", {"metadata": {"name": "n1"}})  # a taint: still there
+    tracker.on_change("DELETED", "nodes", {"metadata": {"name": "n1"}})
+    assert (tracker.nodes, tracker.peak_nodes, tracker.node_joins()) == (1, 2, [1.5, 2.0])
+    assert tracker.node_seconds(3.0) == 0.5 + 1.0 and tracker.node_seconds(1.75) == 0.25
+    assert Tracker(0.0, clock).checker is None  # without sparkgate nothing is judged
+
+
+def test_dynamic_allocation_ramps_as_spark_does_and_the_target_follows() -> None:
+    """ExecutorAllocationManager `addExecutors`: from the initial executors, 1, 2, 4, ... more at each
+    sustained backlog timeout, capped at what the tasks need."""
+    app = dynamic_allocation(
+        "dyn", initial=8, needed=120, submit_at=0.5, backlog_at=8.0, backlog_timeout=0.1, task_seconds=2.0,
+        spark_batch=10,
+    )  # fmt: skip
+    assert app.scale == ((8.0, 9), (8.1, 11), (8.2, 15), (8.3, 23), (8.4, 39), (8.5, 71), (8.6, 120))
+    assert (app.executors, app.final, app.work) == (8, 120, 240.0)
+    assert [app.target_at(t) for t in (0.0, 7.99, 8.0, 8.25, 9.0)] == [8, 8, 9, 15, 120]
+
+
+def test_the_comparison_has_a_column_per_run_and_the_autoscalers_figures() -> None:
+    scenario = SCENARIOS["autoscaled-tiny"]
+    specs = (*scenario.runs, dataclasses.replace(scenario.runs[-1], key="extra", title="a fifth run"))
+
+    def result(n: int, spec: Any) -> RunResult:
+        apps = {
+            a.name: {"submitted_s": 0.0, "first_executor_after_s": 1.0, "all_running_after_s": 2.0 + n,
+                     "complete_after_s": 5.0 + n, "deleted_before_running": 0}
+            for a in scenario.apps
+        }  # fmt: skip
+        grown = {"scale_up_rounds": 10 + n, "nodes_added": [], "peak_nodes": 20 + n, "node_minutes": 1.25 + n}
+        return RunResult(spec, 9.0, apps, 5, 0, 100, scheduler_peak_pending=7 + n, autoscaling=grown)
+
+    results = [result(n, spec) for n, spec in enumerate(specs)]
+    console = Console(record=True, width=240)
+    console.print(comparison(scenario, results))
+    text = console.export_text()
+    header = next(line for line in text.splitlines() if "measured in this run" in line)
+    assert [title.strip() for title in header.split("┃")[2:-1]] == [s.title for s in specs]
+
+    def cells(figure: str) -> list[str]:
+        line = next(line for line in text.splitlines() if line.startswith(f"│ {figure} "))
+        return [cell.strip() for cell in line.split("│")[2:-1]]
+
+    n = range(len(specs))
+    assert cells("every executor running after") == [f"{2.0 + i:.1f}s" for i in n]
+    assert cells("scale-up rounds") == [str(10 + i) for i in n]
+    assert cells("peak nodes") == [str(20 + i) for i in n]
+    assert cells("node-minutes") == [f"{1.25 + i:.1f}" for i in n]
+    assert cells("peak pods waiting in the scheduler") == [str(7 + i) for i in n]
+    report = report_dict(scenario, results)
+    assert report["runs"] == [s.key for s in specs]
+    assert [report[s.key]["all_running_s"] for s in specs] == [2.0 + i for i in n]
+
+
 def test_the_live_view_shows_each_app_and_the_cluster_against_the_cap() -> None:
     scenario = SCENARIOS["tiny"]
-    run = Run(scenario, sparkgate=True, duration=1.0)
+    run = Run(scenario, WITH, duration=1.0)
     clock = Clock()
     run.tracker = Tracker(0.0, clock)
     run.tracker.register(scenario.apps[0], "app-a")
@@ -169,9 +293,10 @@ def test_the_live_view_shows_each_app_and_the_cluster_against_the_cap() -> None:
 def test_every_scenarios_policy_loads_with_its_pacing_and_the_roomy_ones_cover_spark_allocators() -> None:
     for scenario in SCENARIOS.values():
         for pacing in ("adaptive", "fixed"):
-            policy = load_policy(dataclasses.replace(scenario, pacing=pacing).policy_yaml())
-            assert policy.allocation.pacing == pacing
-            assert policy.allocation.max_pending_per_app == scenario.max_pending_per_app
+            for run in scenario.runs:
+                policy = load_policy(dataclasses.replace(scenario, pacing=pacing).policy_yaml(run))
+                assert policy.allocation.pacing == pacing
+                assert policy.allocation.max_pending_per_app == scenario.max_pending_per_app
     assert SCENARIOS["tiny"].pacing == "adaptive"  # the shipped policies' choice
     roomy = [s for name, s in SCENARIOS.items() if name.startswith("roomy")]
     assert {s.spark_allocator for s in roomy} == {"direct", "deployment"}
