@@ -79,19 +79,33 @@ def scales_up(allocation: Allocation) -> bool:
 
 
 def current(app: AppView) -> RequestRecord | None:
-    """The app's request that still stands for its held pods: the newest, unless it ended or was consumed."""
+    """The app's request that still stands for its held pods: the newest, unless it ended or was consumed.
+    Consumed means as many pods released to it as it asked for, and every one of them placed: until then the
+    app releases nothing else. kube-scheduler knows nothing of the booking, so a pod of the app released
+    without the annotation could take a booked node, and the consumer it displaced would wait for good:
+    cluster-autoscaler never scales up for a pod annotated to consume a request
+    (processors/provreq/pods_filter.go `ProvisioningRequestPodsFilter.Process` drops every one of them)."""
     if not app.requests:
         return None
     latest = app.requests[-1]
     if not latest.active:
         return None
-    if latest.state == "provisioned" and _consumed(app, latest) >= latest.count:
+    if latest.state == "provisioned" and _consumed(app, latest) >= latest.count and _placed(app, latest):
         return None
     return latest
 
 
 def _consumed(app: AppView, request: RequestRecord) -> int:
     return sum(1 for p in app.pods if p.consumes == request.name)
+
+
+def _placed(app: AppView, request: RequestRecord) -> bool:
+    """No pod released to consume the request waits for a node (each is bound, ended or being deleted)."""
+    return all(
+        p.node is not None or p.deleting or p.phase != "Pending"
+        for p in app.pods
+        if p.consumes == request.name
+    )
 
 
 def plan(app: AppView, mem: AppMemory, now: float) -> Plan:
@@ -106,7 +120,9 @@ def plan(app: AppView, mem: AppMemory, now: float) -> Plan:
         return Plan()
     if request.state == "provisioned":
         mem.request_failures, mem.request_retry_at = 0, None
-        return Plan(max(0, request.count - _consumed(app, request)), (request.name, request.class_name))
+        room = max(0, request.count - _consumed(app, request))
+        waits = f"executors released to consume ProvisioningRequest {request.name} not placed yet"
+        return Plan(room, (request.name, request.class_name), None if room else waits)
     if (
         request.state == "not-provisioned"
         and request.class_name == contract.PROVISIONING_CLASSES["check-capacity"]

@@ -151,10 +151,10 @@ def test_api_faults_and_a_leader_hand_over_keep_the_limits(world: World) -> None
     # Two live allocators: with the short default lease a pause of the machine longer than it would let the
     # follower take over on its own (the leader then gets 409 and exits). A long lease keeps the only
     # hand-over the planned one, which stays immediate: a graceful stop releases the lease.
-    lease = {"lease_duration": 15.0, "renew_deadline": 10.0}
-    first = world.allocator("alloc-a", **lease)
+    lease = (15.0, 10.0, 0.3)  # (duration, renew deadline, retry period)
+    first = world.allocator("alloc-a", lease=lease)
     world.wait_leader("alloc-a")
-    second = world.allocator("alloc-b", **lease)  # a follower with a warm cache
+    second = world.allocator("alloc-b", lease=lease)  # a follower with a warm cache
     drivers = start_apps(world, 40)
     faults = world.cluster.faults
     faults.fail("patch", "pods", 500, count=3)  # within kube.py's retries
@@ -205,11 +205,11 @@ def test_a_hung_api_server_the_leader_stops_writing_by_itself_and_the_follower_w
     two replicas' writes never interleave: every write of A while A held the Lease by the log's timeline,
     none after B's first. Durations leave wide margins for a loaded machine; the asserts are on order."""
     lease_duration, renew_deadline = 10.0, 4.0
-    lease = {"lease_duration": lease_duration, "renew_deadline": renew_deadline, "retry_period": 0.5}
+    lease = (lease_duration, renew_deadline, 0.5)
     world.cluster.scheduler.max_bind_rate = 5.0  # a steady stream of releases, long enough to outlast A
-    first = world.allocator("alloc-a", **lease)
+    first = world.allocator("alloc-a", lease=lease)
     world.wait_leader("alloc-a")
-    world.allocator("alloc-b", **lease)
+    world.allocator("alloc-b", lease=lease)
     drivers = start_apps(world, 50)
     world.cluster.wait_for(
         lambda: all(world.released(d.app_id) >= 10 for d in drivers), timeout=60, what="both apps ramping"
