@@ -297,6 +297,7 @@ def _decide_app(
                 count=len(bypassed),
             )
         )
+    out.extend(DeletePod(key, pod, DeletionReason.STRANDED) for pod in provisioning.stranded(app))
     gated: list[PodRecord] = []
     for pod in pods:
         if not pod.gated or pod.deleting:
@@ -343,7 +344,7 @@ def _decide_app(
         policy,
         mem,
         now,
-        requested=requesting and provisioning.scales_up(allocation),
+        requested=plan is not None and not plan.unanswered and provisioning.scales_up(allocation),
     )
     out.extend(marks)
     if requesting:  # the held pods asked for through a request instead (provisioning.py)

@@ -17,7 +17,9 @@ is no room: the pods it holds would not fit either), else once the app has had n
 DEMAND_AFTER_SECONDS. On a cluster with room an app's pods wait milliseconds for its window or a free slot and
 are never marked (zero writes); once all of them run, there is nothing to mark (zero in steady state); a pod
 is marked at most once (the app's memory keeps the uids handed to the actor, and a pod that shows sparkgate's
-condition is not marked again). The delay is cluster-autoscaler's own horizon: it does not scale up for
+condition is not marked again). A mark that never shows (refused, skipped while the app's marks are held
+back, or an answer lost before the write landed) is handed out again REFUSED_RETRY_SECONDS later: a repeat
+is safe, the write tests that the pod is still gated and unmarked. The delay is cluster-autoscaler's own horizon: it does not scale up for
 unschedulable pods all younger than 2 s (`unschedulablePodTimeBuffer`, kubesim/autoscaler.py), so a pod marked
 then is acted on no later than one the scheduler had marked at its creation. Marked at once, the held pods
 of an app held by its refusals land within that horizon too: the autoscaler's first scale-up after it
@@ -107,25 +109,25 @@ def marks(
     holds them), and when to decide it again for the rest (None: not for this). `requested`: a
     ProvisioningRequest asks for them (no mark). The memory keeps the uids handed out."""
     if not held:
-        mem.marked = frozenset()
+        mem.marked = {}
         return [], None
     if allocation.autoscaler_demand != "held" or requested or scope not in COUNTED:
         return [], None
+    unmarked = [
+        p for p in held if not p.held_mark and p.gated_condition is not None and p.gate_index is not None
+    ]
+    handed = [mem.marked[p.uid] for p in unmarked if p.uid in mem.marked]
+    again = min(handed) + REFUSED_RETRY_SECONDS if handed else None  # a mark handed out that never showed
     fresh = [
-        p
-        for p in held
-        if not p.held_mark
-        and p.gated_condition is not None
-        and p.gate_index is not None
-        and p.uid not in mem.marked
+        p for p in unmarked if p.uid not in mem.marked or now >= mem.marked[p.uid] + REFUSED_RETRY_SECONDS
     ]
     if not fresh:
-        return [], None
+        return [], again
     due = ready_at(scope, mem)
     if due is None or now < due:
         return [], due
     gated = {p.uid for p in held}
-    mem.marked = frozenset(u for u in mem.marked if u in gated) | {p.uid for p in fresh}
+    mem.marked = {u: at for u, at in mem.marked.items() if u in gated} | {p.uid: now for p in fresh}
     assert scope is not None
     text = why(scope, key, allocation, policy)
     return [MarkHeld(key, pod, text) for pod in fresh], None

@@ -266,6 +266,7 @@ class DeletionReason(StrEnum):
     SUCCEEDED = "succeeded"
     APP_FINISHED = "app_finished"
     ID_REUSE = "id_reuse_refused"
+    STRANDED = "provisioning_stranded"
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,12 +297,17 @@ class AppMemory:
     # Its released pods the scheduler refused, in flight, each with when it was first seen refused
     # (pacing.py `refusals`): what the refused-pod bound (unschedulableSeconds) is measured from.
     refused: Mapping[str, float] = field(default_factory=dict)
-    # Its gated pods whose demand mark was handed to the actor (uids, demand.py): never marked twice. Pruned
-    # to the pods still gated at each decision that marks.
-    marked: frozenset[str] = frozenset()
+    # Its gated pods whose demand mark was handed to the actor, each with when (uid -> decision clock,
+    # demand.py): not handed again until REFUSED_RETRY_SECONDS later, and then only if the watch shows no
+    # mark (refused, skipped, or an answer lost before it landed). Pruned to the pods still gated at each
+    # decision that marks.
+    marked: Mapping[str, float] = field(default_factory=dict)
     # Its ProvisioningRequests (provisioning.py): the name of the one handed to the actor and when (until
     # the watch shows it); when a new one may be made after a failed one, and how many failed in a row.
     request_sent: tuple[str, float] | None = None
+    request_pending: tuple[str, float] | None = (
+        None  # its current request, without a verdict since (name, when)
+    )
     request_retry_at: float | None = None
     request_failures: int = 0
 

@@ -30,13 +30,21 @@ log and by `sparkgate status`), the allocator:
   the next one waits a backoff (1 minute, doubling per failure in a row, at most 10; CA's own backoff for a
   request it could not provision), and meanwhile the app is paced as without a request. Each new request
   deletes the app's older ones and their templates;
+- a request that gets no verdict for UNANSWERED_SECONDS (a cluster-autoscaler without
+  `--enable-provisioning-requests`, or none at all) no longer holds the app: it is paced as without a
+  request, its held pods marked (waiting reason as without a request; the requests gauge shows it pending);
+- a pod released to consume a request that kube-scheduler refused, once the request no longer books
+  capacity for it (expired, revoked, failed or deleted), is deleted (`stranded`, deletion reason
+  `provisioning_stranded`): another pod took the node booked for it, and cluster-autoscaler never scales up
+  for a pod annotated to consume a request; Spark makes a new executor pod in its place;
 - an app's requests and templates end with it (decision.py `_finish`, as its copies do), or as soon as the
   policy no longer sets a class for it (`provisioning: none`, the runbook's way out of a request that never
   provisions: docs/operations.md): any replica's watch finds them by their labels, so a new leader deletes
   those of an app that ended before or after it took over.
 
 Pure: the decision's clock, the app's view (its requests and templates, from the cache's watches) and memory
-(`request_sent`, `request_retry_at`, `request_failures`, owned by the loop thread like the rest).
+(`request_sent`, `request_pending`, `request_retry_at`, `request_failures`, owned by the loop thread like the
+rest).
 """
 
 from __future__ import annotations
@@ -54,6 +62,10 @@ from .model import Action, AppMemory, AppView, CreateRequest, DeleteRequest, Pod
 SENT_EXPIRY = 60.0  # a request handed to the actor that the watch has not shown by then was not made
 BACKOFF = 60.0  # before a new request after a failed one; doubles per failure in a row
 MAX_BACKOFF = 600.0
+# A request with no verdict (neither Provisioned nor Failed) this long: cluster-autoscaler most likely does not
+# run with --enable-provisioning-requests (the API server serving the CRD does not say it does), or is down.
+# It takes one request per loop (about 10 s), so this is some 60 apps' requests ahead of it.
+UNANSWERED_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,7 @@ class Plan:
     room: int | None = None
     consume: tuple[str, str] | None = None
     why: str | None = None
+    unanswered: bool = False  # its request got no verdict in UNANSWERED_SECONDS: paced and marked without it
 
 
 def in_force(allocation: Allocation, served: bool) -> bool:
@@ -116,8 +129,15 @@ def plan(app: AppView, mem: AppMemory, now: float) -> Plan:
     if sent is not None:
         return Plan(0, None, f"ProvisioningRequest {sent[0]} is being made")
     request = current(app)
+    if request is None or request.state != "pending":
+        mem.request_pending = None
     if request is None:
         return Plan()
+    if request.state == "pending":
+        if mem.request_pending is None or mem.request_pending[0] != request.name:
+            mem.request_pending = (request.name, now)
+        if now - mem.request_pending[1] >= UNANSWERED_SECONDS:
+            return Plan(unanswered=True)
     if request.state == "provisioned":
         mem.request_failures, mem.request_retry_at = 0, None
         room = max(0, request.count - _consumed(app, request))
@@ -175,6 +195,26 @@ def requests(
         )
     )
     return out, None
+
+
+def stranded(app: AppView) -> list[PodRecord]:
+    """The app's pods released to consume a request that no longer books capacity for them (expired,
+    revoked, failed or deleted) and that kube-scheduler refused: cluster-autoscaler never scales up for a pod
+    annotated to consume a request (processors/provreq/pods_filter.go), so each would wait for good. This
+    happens when another pod took the node booked for it (kube-scheduler knows nothing of bookings). Deleted:
+    Spark makes a new executor pod in its place, which sparkgate holds and shows to the autoscaler anew."""
+    booking = {r.name for r in app.requests if r.state in ("pending", "provisioned", "not-provisioned")}
+    return [
+        p
+        for p in app.pods
+        if p.consumes is not None
+        and p.consumes not in booking
+        and p.unschedulable
+        and p.node is None
+        and not p.gated
+        and not p.deleting
+        and p.phase == "Pending"
+    ]
 
 
 def finished(app: AppView) -> list[Action]:

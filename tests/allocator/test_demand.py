@@ -119,6 +119,30 @@ def test_held_pods_are_marked_once_after_the_app_had_no_release_for_the_delay() 
     assert marks(decide(snapshot(*shown), p, 4.0, {})) == []  # a new leader: the marks are on the pods
 
 
+def test_a_mark_that_never_shows_is_handed_out_again_after_the_retry_time_once() -> None:
+    """Refused (RBAC fixed later), skipped while the app's marks were held back, or lost before it landed: the
+    watch never shows the mark, and REFUSED_RETRY_SECONDS later the pod is marked again (a repeat is safe: the
+    write tests the pod is still gated and unmarked). A pod whose mark showed is not. The app is held by its
+    previous batch (4 released pods that never bind) the whole time; between, it is decided again at the retry time."""
+    pods = tuple(record(i) for i in range(1, 11))
+    p = policy()
+    first = decide(snapshot(*pods), p, 0.0, {})
+    released = {a.pod.uid for a in first.actions if isinstance(a, Release)}
+    after = tuple(replace(q, gated=False, gate_index=None) if q.uid in released else q for q in pods)
+    handed = decide(snapshot(*after), p, 2.0, first.memory)
+    assert marks(handed) == [f"app-a-exec-{i}" for i in range(5, 11)]
+    # The watch shows the marks of 5 and 6 only.
+    shown = tuple(
+        replace(q, held_mark=True, gated_condition=None) if q.exec_id in (5, 6) else q for q in after
+    )
+    waiting = decide(snapshot(*shown), p, 100.0, handed.memory)
+    assert marks(waiting) == [] and waiting.settings[APP].waiting_on == "previous-batch"
+    assert waiting.due[APP] <= 2.0 + demand.REFUSED_RETRY_SECONDS
+    retried = decide(snapshot(*shown), p, 2.0 + demand.REFUSED_RETRY_SECONDS, waiting.memory)
+    assert marks(retried) == [f"app-a-exec-{i}" for i in range(7, 11)]
+    assert marks(decide(snapshot(*shown), p, 700.0, retried.memory)) == []
+
+
 def test_an_app_held_by_its_refused_pods_has_its_held_pods_marked_at_once() -> None:
     """The scheduler refused its released pods: no room, so what it holds would not fit either: marked in the
     same decision, all of them (one scale-up for all, not one per landing mark)."""

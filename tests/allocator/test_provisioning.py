@@ -14,14 +14,16 @@ from allocator.model import (
     AppMemory,
     AppView,
     CreateRequest,
+    DeletePod,
     DeleteRequest,
+    DeletionReason,
     MarkHeld,
     PodRecord,
     Release,
     RequestRecord,
     Snapshot,
 )
-from allocator.provisioning import BACKOFF, SENT_EXPIRY
+from allocator.provisioning import BACKOFF, SENT_EXPIRY, UNANSWERED_SECONDS
 from sparkgate import contract
 from sparkgate.policy import load_policy
 
@@ -101,6 +103,30 @@ def test_the_held_pods_wait_while_the_request_is_not_provisioned(state: str) -> 
     )
 
 
+def test_a_request_without_a_verdict_for_the_unanswered_time_no_longer_holds_the_app() -> None:
+    """A cluster-autoscaler without --enable-provisioning-requests never writes a condition: the API server
+    serving the CRD does not say it runs with it. After UNANSWERED_SECONDS the app is paced as without a
+    request and its held pods are marked for the ordinary scale-up; a new request's clock starts anew."""
+    held = [record(i) for i in range(1, 7)]
+    memory = {APP: AppMemory(waiting_since=0.0)}
+    d = decide(view(held, request(1, "pending")), policy(), 5.0, memory, provisioning_served=True)
+    assert kinds(d) == [] and d.settings[APP].waiting_on == "provisioning"
+    d = decide(view(held, request(1, "pending")), policy(), 5.0 + UNANSWERED_SECONDS - 1, d.memory,
+               provisioning_served=True)  # fmt: skip
+    assert kinds(d) == []
+    d = decide(view(held, request(1, "pending")), policy(), 5.0 + UNANSWERED_SECONDS, d.memory,
+               provisioning_served=True)  # fmt: skip
+    released = {a.pod.uid for a in d.actions if isinstance(a, Release) and a.consume is None}
+    assert kinds(d) == ["Release"] * 4 and len(released) == 4
+    after = [replace(p, gated=False, gate_index=None) if p.uid in released else p for p in held]
+    d = decide(view(after, request(1, "pending")), policy(), 5.0 + UNANSWERED_SECONDS + 3, d.memory,
+               provisioning_served=True)  # fmt: skip
+    assert kinds(d) == ["MarkHeld"] * 2  # held by the app's limit, shown to the ordinary scale-up
+    d = decide(view(after, request(2, "pending")), policy(), 5.0 + UNANSWERED_SECONDS + 4, d.memory,
+               provisioning_served=True)  # fmt: skip
+    assert d.memory[APP].request_pending == ("sg-app-a-pr2", 5.0 + UNANSWERED_SECONDS + 4)
+
+
 def test_check_capacity_that_found_none_holds_nothing_and_its_held_pods_are_marked() -> None:
     pods = [record(i) for i in range(1, 11)]
     d = decide(
@@ -161,6 +187,27 @@ def test_the_pods_released_to_consume_a_request_are_placed_before_the_app_releas
         view(all_placed, request(1, "provisioned", 6)), policy(), 10.0, memory, provisioning_served=True
     )
     assert [a.consume for a in d.actions if isinstance(a, Release)] == [None] * 4
+
+
+@pytest.mark.parametrize("state", ["expired", "revoked", "failed", None])
+def test_a_consumer_refused_once_its_request_books_nothing_is_deleted_for_spark_to_replace(
+    state: str | None,
+) -> None:
+    """Another pod took the node booked for it: refused by kube-scheduler, and never scaled up for by
+    cluster-autoscaler (pods_filter.go drops every pod annotated to consume a request). While the request
+    still books capacity it waits (the node may still be coming); after, it is deleted. A consumer that is
+    placed, or not refused, is left alone."""
+    verdict = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/6 nodes"}
+    refused = replace(record(1, gated=False, condition=verdict), consumes="sg-app-a-pr1")
+    placed = replace(record(2, gated=False), consumes="sg-app-a-pr1", node="n", phase="Running")
+    waiting = replace(record(3, gated=False), consumes="sg-app-a-pr1")
+    pods = [refused, placed, waiting]
+    booked = decide(view(pods, request(1, "provisioned", 3)), policy(), 5.0, {}, provisioning_served=True)
+    assert not [a for a in booked.actions if isinstance(a, DeletePod)]
+    requests = [request(1, state, 3)] if state else []
+    d = decide(view(pods, *requests), policy(), 5.0, {}, provisioning_served=True)
+    deleted = [(a.pod.name, a.reason) for a in d.actions if isinstance(a, DeletePod)]
+    assert deleted == [("app-a-exec-1", DeletionReason.STRANDED)]
 
 
 @pytest.mark.parametrize("state", ["expired", "revoked"])

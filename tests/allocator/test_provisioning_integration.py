@@ -62,8 +62,11 @@ def test_held_executors_are_asked_for_by_one_request_at_a_time_and_nothing_outli
     and holds nothing: the held pods are marked for the ordinary scale-up. All 40 run. Then the
     leader is killed; the new one, which never saw the requests made, deletes them and their templates when
     the app ends."""
+    # CA's timers at a tenth, the booking too (600 s, processor.go defaultReservationTime): a pod released to
+    # consume a request may lose its booked node to one released before the request (kube-scheduler knows
+    # nothing of bookings) and is then replaced once the booking ends (provisioning.py `stranded`).
     autoscaler = AutoscalerConfig(
-        groups=(SMALL,), provisioning_delay=0.5, scan_interval=1.0, scale_down=False
+        groups=(SMALL,), provisioning_delay=0.5, scan_interval=1.0, scale_down=False, booking_time=60.0
     )
     cluster, _, (allocator,), observer = system(
         nodes=1, node_cpu="4", batch=8, delay=0.1, per_app=8, per_ns=8, cluster=8, pacing="adaptive",
