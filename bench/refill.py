@@ -317,6 +317,11 @@ def refill_run(args: argparse.Namespace) -> dict[str, Any]:
         "leader_start_reads": len(start_reads),
         "probe_dry_runs": len(dry_runs),
         "requests_by_verb": dict(by_verb.most_common()),
+        # Gate removals applied: a PATCH whose answer came late on a busy machine is sent again (kube.py
+        # `repeat_is_safe`) and that repeat fails its test (422), so the PATCHes may outnumber the releases.
+        "pod_patches_applied": sum(
+            1 for e in requests if (e.verb, e.resource) == ("patch", "pods") and 200 <= e.code < 300
+        ),
     }
     for kind, values in sorted(timeline.latencies.items()):
         result[f"refill_after_{kind}_ms"] = _ms(values)

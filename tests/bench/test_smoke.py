@@ -156,7 +156,7 @@ def test_refill(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
         refill["refill_ms"]["count"] > 0 and 0 < refill["refill_ms"]["median"] <= refill["refill_ms"]["p99"]
     )
     assert refill["pod_writes_per_released_executor"] >= 1.0  # at least the gate removal itself
-    assert refill["requests_by_verb"]["patch pods"] == refill["released"]
+    assert refill["pod_patches_applied"] == refill["released"] <= refill["requests_by_verb"]["patch pods"]
     (ramp,) = document["ramp_up"]
     assert sum(ramp["batch_sizes"]) == ramp["executors"] and max(ramp["batch_sizes"]) <= ramp["batch"]
     assert ramp["batches"] >= -(-ramp["executors"] // ramp["batch"])
