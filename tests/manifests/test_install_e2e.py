@@ -493,6 +493,11 @@ def test_in_a_pod_status_the_allocator_may_write_its_demand_mark_and_nothing_els
                 assert refusal.value.status == 403 and refusal.value.message.endswith(annotations), patch
             released = allocator.patch(f"{pods}/held-exec-2", consume, json_patch)
             assert released["metadata"]["annotations"][contract.ANNOTATION_CONSUME_REQUEST] == "sg-app-pr1"
+            # ... and removes none (another controller's request, consumed by a pod it did not release).
+            unconsume = [{"op": "remove", "path": consume[2]["path"]}]
+            with pytest.raises(KubeError) as refusal:
+                allocator.patch(f"{pods}/held-exec-2", unconsume, json_patch)
+            assert refusal.value.status == 403 and refusal.value.message.endswith(annotations)
             # Another writer's status (kube-scheduler's verdict, as the scheduler's own user) is not concerned.
             scheduler = Kube.from_kubeconfig(str(cluster.add_user("system:kube-scheduler")))
             verdict = {**mark, "message": "0/1 nodes are available: 1 Insufficient cpu."}
