@@ -33,6 +33,7 @@ Pure functions of the policy; no state.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +69,8 @@ SPEC = "object.spec"
 LABELS = "object.metadata.labels"
 ANNOTATIONS = "object.metadata.annotations"
 APP_ID = f"{LABELS}[{quote(contract.LABEL_APP_ID)}]"
+# A namespace's name (a DNS-1123 label), which is also a valid label value for the namespaceSelector.
+_NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 class RenderError(PolicyError):
@@ -93,20 +96,14 @@ def render(policy: Policy, install_namespace: str = contract.INSTALL_NAMESPACE) 
     errors = [f"profiles[{i}] ({p.name}): {e}" for i, p in enumerate(policy.profiles) for e in _refused(p)]
     if errors:
         raise RenderError(errors)
-    conditions = {
-        "executor-with-app-id": Expr(
-            f'{has(LABELS, contract.LABEL_APP_ID)} && {APP_ID} != ""',
-            3,
-        ),
-        "namespace-not-excluded": _not_excluded(policy),
-        # `sparkgate policy check --cluster` judges a candidate policy: its dry runs must not be shaped again
-        # by the live policy (the webhook's configuration has the same condition: sparkgate/probe.py).
-        MATCH_CONDITION["name"]: Expr(MATCH_CONDITION["expression"], 8),
-    }
+    exact, guard = _exclusions(policy, install_namespace)
     mutations, positions = _mutations(policy)
+    # No matchConditions: kube-apiserver converts the whole pod to CEL values for them on each admission and
+    # again on the reinvocation pass (dispatcher.go evaluates them before it asks whether to reinvoke), which
+    # cost more than the mutation's own CEL; the selectors and a guard on each mutation decide the same.
+    mutations = [when(guard, m) for m in mutations]
     variables = {**_variables(policy), **positions}
-    costs = {f"matchConditions[{name}]": c.cost for name, c in conditions.items()}
-    costs.update({f"variables[{name}]": v.cost for name, v in variables.items()})
+    costs = {f"variables[{name}]": v.cost for name, v in variables.items()}
     costs.update({f"mutations[{i}]": m.cost for i, m in enumerate(mutations)})
     spec: dict[str, Any] = {
         "paramKind": None,
@@ -120,19 +117,17 @@ def render(policy: Policy, install_namespace: str = contract.INSTALL_NAMESPACE) 
                     "scope": "Namespaced",
                 }
             ],
-            "objectSelector": {"matchLabels": {contract.LABEL_ROLE: contract.ROLE_EXECUTOR}},
+            "objectSelector": {
+                "matchLabels": {contract.LABEL_ROLE: contract.ROLE_EXECUTOR},
+                "matchExpressions": [{"key": contract.LABEL_APP_ID, "operator": "Exists"}],
+            },
             "namespaceSelector": {
                 "matchExpressions": [
-                    {
-                        "key": "kubernetes.io/metadata.name",
-                        "operator": "NotIn",
-                        "values": sorted({*ALWAYS_EXCLUDED, install_namespace}),
-                    }
+                    {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": exact}
                 ]
             },
             "matchPolicy": "Equivalent",
         },
-        "matchConditions": [{"name": n, "expression": c.text} for n, c in conditions.items()],
         "variables": [{"name": n, "expression": v.text} for n, v in variables.items()],
         "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": m.text}} for m in mutations],
         "failurePolicy": "Ignore",
@@ -225,7 +220,6 @@ def check_limits(rendered: Rendering) -> list[str]:
         )
     spec = rendered.objects[0]["spec"]
     expressions = {
-        **{f"matchConditions[{c['name']}]": c["expression"] for c in spec["matchConditions"]},
         **{f"variables[{v['name']}]": v["expression"] for v in spec["variables"]},
         **{f"mutations[{i}]": m["jsonPatch"]["expression"] for i, m in enumerate(spec["mutations"])},
     }
@@ -268,9 +262,25 @@ def _path_text(path: tuple[str, ...]) -> str:
     return "".join(s if s.startswith("[") else f".{s}" for s in path).lstrip(".")
 
 
-def _not_excluded(policy: Policy) -> Expr:
-    matches = [cel.glob("request.namespace", g) for g in policy.excluded_namespaces]
-    return Expr("!(" + " || ".join(m.text for m in matches) + ")", sum(m.cost for m in matches) + 1)
+def _exclusions(policy: Policy, install_namespace: str) -> tuple[list[str], Expr]:
+    """What the webhook's configuration and `Policy.excluded` leave out, split between the selectors, which
+    the API server checks before any CEL, and a guard for the rest: the excluded namespaces named exactly
+    (the namespaceSelector's NotIn), and in CEL an empty application id (the objectSelector only says the
+    label exists), the namespaces excluded by a pattern, and the policy probe's dry runs (probe.py)."""
+    exact = {*ALWAYS_EXCLUDED, install_namespace}
+    patterns = []
+    for g in policy.excluded_namespaces:
+        if _NAMESPACE_NAME.fullmatch(g):
+            exact.add(g)
+        else:
+            patterns.append(cel.glob("request.namespace", g))
+    tests = [Expr(f'{APP_ID} != ""', 2)]
+    if patterns:
+        tests.append(
+            Expr("!(" + " || ".join(m.text for m in patterns) + ")", sum(m.cost for m in patterns) + 1)
+        )
+    tests.append(Expr(MATCH_CONDITION["expression"], 8))
+    return sorted(exact), Expr(" && ".join(t.text for t in tests), sum(t.cost for t in tests))
 
 
 def _variables(policy: Policy) -> dict[str, Expr]:

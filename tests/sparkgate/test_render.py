@@ -32,7 +32,20 @@ def test_the_example_policy_renders_one_policy_and_its_binding(example_policy: P
             "scope": "Namespaced",
         }
     ]
-    assert spec["matchConstraints"]["objectSelector"] == {"matchLabels": {"spark-role": "executor"}}
+    # The selectors, checked before any CEL, and no matchConditions: the API server converts the whole pod to
+    # CEL values for them, on each admission and again on the reinvocation pass.
+    assert spec["matchConstraints"]["objectSelector"] == {
+        "matchLabels": {"spark-role": "executor"},
+        "matchExpressions": [{"key": "spark-app-selector", "operator": "Exists"}],
+    }
+    assert spec["matchConstraints"]["namespaceSelector"]["matchExpressions"] == [
+        {
+            "key": "kubernetes.io/metadata.name",
+            "operator": "NotIn",
+            "values": ["kube-system", "monitoring", "sparkgate-system"],  # legacy-* is in the guard
+        }
+    ]
+    assert "matchConditions" not in spec
     assert spec["failurePolicy"] == "Ignore"  # never deny an executor pod (docs/architecture.md)
     assert spec["reinvocationPolicy"] == "Never"  # as the webhook's: one run per pod
     assert {m["patchType"] for m in spec["mutations"]} == {"JSONPatch"}  # never ApplyConfiguration
