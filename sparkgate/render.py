@@ -423,8 +423,8 @@ class _ProfileOps:
     def __init__(self, profile: Profile, prefix: str) -> None:
         self.profile = profile
         self.prefix = prefix
-        # Variables of the positions the branch reads more than once (an element of a list merged by its
-        # key): computed once per mutation, and only when the branch runs (variables are lazy).
+        # Variables of what the branch reads more than once (the elements of a name in a list merged by its
+        # key, and their position): computed once per mutation, and only when read (variables are lazy).
         self.positions: dict[str, Expr] = {}
         self.overrides = frozenset(profile.overrides)
         self.template = profile.template
@@ -514,17 +514,26 @@ class _ProfileOps:
             if path == ("spec", "containers") and name == SPARK_CONTAINER:
                 index = Expr("variables.spark", 1)
                 found = Expr(f"size({here.ref}) > 0", here.cost + 2)
+                element = here.index(index)
             else:
+                # Read through the elements of that name (a filter, one list of references), and find the
+                # last one's index only for a write: a string per element (`position`) cost the example
+                # policy's executor more than all its other CEL (docs/performance.md).
                 key_test = f"{has(var, name_of)} && {cel.field(var, name_of)} == {literal(name)}"
-                index = self._position(Expr(position(here.ref, var, key_test, last=True), here.cost + n * 20))
-                found = Expr(f"{index.text} >= 0", index.cost + 1)
-            element = here.index(index)
+                named = self._variable("e", Expr(f"{here.ref}.filter({var}, {key_test})", here.cost + n * 6))
+                index = self._variable(
+                    "i", Expr(position(here.ref, var, key_test, last=True), here.cost + n * 20)
+                )
+                found = Expr(f"size({named.text}) > 0", named.cost + 1)
+                element = _Here(
+                    here.ptr.index(index), f"{named.text}[size({named.text}) - 1]", named.cost + 3
+                )
             chunks.append(when(found, self._merge(value, element, (*path, f"[{name}]")), append))
         return concat(chunks)
 
-    def _position(self, index: Expr) -> Expr:
-        name = f"{self.prefix}i{len(self.positions)}"
-        self.positions[name] = index
+    def _variable(self, kind: str, value: Expr) -> Expr:
+        name = f"{self.prefix}{kind}{len(self.positions)}"
+        self.positions[name] = value
         return Expr(f"variables.{name}", 2)
 
     # --- the derived fields (sparkgate/mutation/derived.py) ---
