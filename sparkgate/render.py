@@ -347,6 +347,7 @@ def _variables(policy: Policy) -> dict[str, Expr]:
             "variables.sparkByName >= 0 ? variables.sparkByName : 0",
             8,
         ),
+        "sparkContainer": Expr(f"{SPEC}.containers[variables.spark]", 3),
         "tokenVolume": Expr(token, cel.bound("volumes") * 4 + cel.bound("volumes")),
         "tokenName": Expr(f"{SPEC}.volumes[variables.tokenVolume].name", 3),
     }
@@ -413,6 +414,12 @@ class _Here:
 
     def index(self, index: Expr) -> _Here:
         return _Here(self.ptr.index(index), f"{self.ref}[{index.text}]", self.cost + index.cost + 1)
+
+
+# Spark's container: written at its index, read through a variable (one resolution of the path per pod).
+SPARK = _Here(
+    Pointer(("spec", "containers")).index(Expr("variables.spark", 1)), "variables.sparkContainer", 2
+)
 
 
 class _ProfileOps:
@@ -512,9 +519,8 @@ class _ProfileOps:
                 chunks.append(append)
                 continue
             if path == ("spec", "containers") and name == SPARK_CONTAINER:
-                index = Expr("variables.spark", 1)
                 found = Expr(f"size({here.ref}) > 0", here.cost + 2)
-                element = here.index(index)
+                element = SPARK
             else:
                 # Read through the elements of that name (a filter, one list of references), and find the
                 # last one's index only for a write: a string per element (`position`) cost the example
@@ -733,9 +739,7 @@ class _ProfileOps:
         template_mounts = spark_template.get("volumeMounts") if spark_template is not None else None
         static_paths = {m.get("mountPath") for m in template_mounts or () if isinstance(m, dict)}
         replaced = self._replaced_spark_mounts()
-        container = _Here(Pointer(("spec", "containers")), f"{SPEC}.containers").index(
-            Expr("variables.spark", 1)
-        )
+        container = SPARK
         mounts = container.key("volumeMounts")
         chunks = []
         whole = []
