@@ -524,11 +524,26 @@ class _ProfileOps:
             else:
                 # Read through the elements of that name (a filter, one list of references), and find the
                 # last one's index only for a write: a string per element (`position`) cost the example
-                # policy's executor more than all its other CEL (docs/performance.md).
-                key_test = f"{has(var, name_of)} && {cel.field(var, name_of)} == {literal(name)}"
-                named = self._variable("e", Expr(f"{here.ref}.filter({var}, {key_test})", here.cost + n * 6))
+                # policy's executor more than all its other CEL (docs/performance.md). The last element of
+                # the list is tried first: where it has the name it is the one merged, with no scan.
+                def key_test(x: str, name: Any = name, name_of: str = name_of) -> str:
+                    return f"{has(x, name_of)} && {cel.field(x, name_of)} == {literal(name)}"
+
+                last = f"{here.ref}[size({here.ref}) - 1]"
+                is_last = f"size({here.ref}) > 0 && {key_test(last)}"
+                named = self._variable(
+                    "e",
+                    Expr(
+                        f"{is_last} ? [{last}] : {here.ref}.filter({var}, {key_test(var)})",
+                        3 * here.cost + 8 + n * 6,
+                    ),
+                )
                 index = self._variable(
-                    "i", Expr(position(here.ref, var, key_test, last=True), here.cost + n * 20)
+                    "i",
+                    Expr(
+                        f"{is_last} ? size({here.ref}) - 1 : {position(here.ref, var, key_test(var), last=True)}",
+                        3 * here.cost + 8 + n * 20,
+                    ),
                 )
                 found = Expr(f"size({named.text}) > 0", named.cost + 1)
                 element = _Here(
