@@ -85,7 +85,8 @@ def measured_cost(objects: list[dict[str, Any]], pod: dict[str, Any], namespace:
     """Each expression's own cost in one admission of `pod` (the mutations on the pod as received), by
     cel-go's runtime cost model as kubesim meters it (kubesim/celeval.py); the variables counted where a
     mutation read them, as the API server charges them (composition.go), and the total of the policy's
-    evaluation: its match conditions, then each mutation with the variables it read."""
+    evaluation: its match conditions (the rendering has none since issue 38: a guard in each mutation), then
+    each mutation with the variables it read."""
     from kubesim import cel
 
     spec = objects[0]["spec"]
@@ -95,7 +96,7 @@ def measured_cost(objects: list[dict[str, Any]], pod: dict[str, Any], namespace:
     inputs.define(spec["variables"])
     by_expression: dict[str, int] = {}
     total = 0
-    for condition in spec["matchConditions"]:
+    for condition in spec.get("matchConditions") or []:
         assert cel.evaluate(condition["expression"], inputs) is True
         own, _ = cel.split_cost(condition["expression"], inputs)
         by_expression[f"matchConditions[{condition['name']}]"] = own

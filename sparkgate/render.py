@@ -33,6 +33,7 @@ Pure functions of the policy; no state.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +69,8 @@ SPEC = "object.spec"
 LABELS = "object.metadata.labels"
 ANNOTATIONS = "object.metadata.annotations"
 APP_ID = f"{LABELS}[{quote(contract.LABEL_APP_ID)}]"
+# A namespace's name (a DNS-1123 label), which is also a valid label value for the namespaceSelector.
+_NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 class RenderError(PolicyError):
@@ -93,20 +96,14 @@ def render(policy: Policy, install_namespace: str = contract.INSTALL_NAMESPACE) 
     errors = [f"profiles[{i}] ({p.name}): {e}" for i, p in enumerate(policy.profiles) for e in _refused(p)]
     if errors:
         raise RenderError(errors)
-    conditions = {
-        "executor-with-app-id": Expr(
-            f'{has(LABELS, contract.LABEL_APP_ID)} && {APP_ID} != ""',
-            3,
-        ),
-        "namespace-not-excluded": _not_excluded(policy),
-        # `sparkgate policy check --cluster` judges a candidate policy: its dry runs must not be shaped again
-        # by the live policy (the webhook's configuration has the same condition: sparkgate/probe.py).
-        MATCH_CONDITION["name"]: Expr(MATCH_CONDITION["expression"], 8),
-    }
+    exact, guard = _exclusions(policy, install_namespace)
     mutations, positions = _mutations(policy)
+    # No matchConditions: kube-apiserver converts the whole pod to CEL values for them on each admission and
+    # again on the reinvocation pass (dispatcher.go evaluates them before it asks whether to reinvoke), which
+    # cost more than the mutation's own CEL; the selectors and a guard on each mutation decide the same.
+    mutations = [when(guard, m) for m in mutations]
     variables = {**_variables(policy), **positions}
-    costs = {f"matchConditions[{name}]": c.cost for name, c in conditions.items()}
-    costs.update({f"variables[{name}]": v.cost for name, v in variables.items()})
+    costs = {f"variables[{name}]": v.cost for name, v in variables.items()}
     costs.update({f"mutations[{i}]": m.cost for i, m in enumerate(mutations)})
     spec: dict[str, Any] = {
         "paramKind": None,
@@ -120,19 +117,17 @@ def render(policy: Policy, install_namespace: str = contract.INSTALL_NAMESPACE) 
                     "scope": "Namespaced",
                 }
             ],
-            "objectSelector": {"matchLabels": {contract.LABEL_ROLE: contract.ROLE_EXECUTOR}},
+            "objectSelector": {
+                "matchLabels": {contract.LABEL_ROLE: contract.ROLE_EXECUTOR},
+                "matchExpressions": [{"key": contract.LABEL_APP_ID, "operator": "Exists"}],
+            },
             "namespaceSelector": {
                 "matchExpressions": [
-                    {
-                        "key": "kubernetes.io/metadata.name",
-                        "operator": "NotIn",
-                        "values": sorted({*ALWAYS_EXCLUDED, install_namespace}),
-                    }
+                    {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": exact}
                 ]
             },
             "matchPolicy": "Equivalent",
         },
-        "matchConditions": [{"name": n, "expression": c.text} for n, c in conditions.items()],
         "variables": [{"name": n, "expression": v.text} for n, v in variables.items()],
         "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": m.text}} for m in mutations],
         "failurePolicy": "Ignore",
@@ -225,7 +220,6 @@ def check_limits(rendered: Rendering) -> list[str]:
         )
     spec = rendered.objects[0]["spec"]
     expressions = {
-        **{f"matchConditions[{c['name']}]": c["expression"] for c in spec["matchConditions"]},
         **{f"variables[{v['name']}]": v["expression"] for v in spec["variables"]},
         **{f"mutations[{i}]": m["jsonPatch"]["expression"] for i, m in enumerate(spec["mutations"])},
     }
@@ -268,9 +262,25 @@ def _path_text(path: tuple[str, ...]) -> str:
     return "".join(s if s.startswith("[") else f".{s}" for s in path).lstrip(".")
 
 
-def _not_excluded(policy: Policy) -> Expr:
-    matches = [cel.glob("request.namespace", g) for g in policy.excluded_namespaces]
-    return Expr("!(" + " || ".join(m.text for m in matches) + ")", sum(m.cost for m in matches) + 1)
+def _exclusions(policy: Policy, install_namespace: str) -> tuple[list[str], Expr]:
+    """What the webhook's configuration and `Policy.excluded` leave out, split between the selectors, which
+    the API server checks before any CEL, and a guard for the rest: the excluded namespaces named exactly
+    (the namespaceSelector's NotIn), and in CEL an empty application id (the objectSelector only says the
+    label exists), the namespaces excluded by a pattern, and the policy probe's dry runs (probe.py)."""
+    exact = {*ALWAYS_EXCLUDED, install_namespace}
+    patterns = []
+    for g in policy.excluded_namespaces:
+        if _NAMESPACE_NAME.fullmatch(g):
+            exact.add(g)
+        else:
+            patterns.append(cel.glob("request.namespace", g))
+    tests = [Expr(f'{APP_ID} != ""', 2)]
+    if patterns:
+        tests.append(
+            Expr("!(" + " || ".join(m.text for m in patterns) + ")", sum(m.cost for m in patterns) + 1)
+        )
+    tests.append(Expr(MATCH_CONDITION["expression"], 8))
+    return sorted(exact), Expr(" && ".join(t.text for t in tests), sum(t.cost for t in tests))
 
 
 def _variables(policy: Policy) -> dict[str, Expr]:
@@ -337,6 +347,7 @@ def _variables(policy: Policy) -> dict[str, Expr]:
             "variables.sparkByName >= 0 ? variables.sparkByName : 0",
             8,
         ),
+        "sparkContainer": Expr(f"{SPEC}.containers[variables.spark]", 3),
         "tokenVolume": Expr(token, cel.bound("volumes") * 4 + cel.bound("volumes")),
         "tokenName": Expr(f"{SPEC}.volumes[variables.tokenVolume].name", 3),
     }
@@ -405,6 +416,12 @@ class _Here:
         return _Here(self.ptr.index(index), f"{self.ref}[{index.text}]", self.cost + index.cost + 1)
 
 
+# Spark's container: written at its index, read through a variable (one resolution of the path per pod).
+SPARK = _Here(
+    Pointer(("spec", "containers")).index(Expr("variables.spark", 1)), "variables.sparkContainer", 2
+)
+
+
 class _ProfileOps:
     """The operations of one profile's branch, in the webhook's order (sparkgate/mutation/__init__.py,
     desired_pod): labels and annotations, the template merge, the derived fields, config maps, the
@@ -413,8 +430,8 @@ class _ProfileOps:
     def __init__(self, profile: Profile, prefix: str) -> None:
         self.profile = profile
         self.prefix = prefix
-        # Variables of the positions the branch reads more than once (an element of a list merged by its
-        # key): computed once per mutation, and only when the branch runs (variables are lazy).
+        # Variables of what the branch reads more than once (the elements of a name in a list merged by its
+        # key, and their position): computed once per mutation, and only when read (variables are lazy).
         self.positions: dict[str, Expr] = {}
         self.overrides = frozenset(profile.overrides)
         self.template = profile.template
@@ -502,19 +519,42 @@ class _ProfileOps:
                 chunks.append(append)
                 continue
             if path == ("spec", "containers") and name == SPARK_CONTAINER:
-                index = Expr("variables.spark", 1)
                 found = Expr(f"size({here.ref}) > 0", here.cost + 2)
+                element = SPARK
             else:
-                key_test = f"{has(var, name_of)} && {cel.field(var, name_of)} == {literal(name)}"
-                index = self._position(Expr(position(here.ref, var, key_test, last=True), here.cost + n * 20))
-                found = Expr(f"{index.text} >= 0", index.cost + 1)
-            element = here.index(index)
+                # Read through the elements of that name (a filter, one list of references), and find the
+                # last one's index only for a write: a string per element (`position`) cost the example
+                # policy's executor more than all its other CEL (docs/performance.md). The last element of
+                # the list is tried first: where it has the name it is the one merged, with no scan.
+                def key_test(x: str, name: Any = name, name_of: str = name_of) -> str:
+                    return f"{has(x, name_of)} && {cel.field(x, name_of)} == {literal(name)}"
+
+                last = f"{here.ref}[size({here.ref}) - 1]"
+                is_last = f"size({here.ref}) > 0 && {key_test(last)}"
+                named = self._variable(
+                    "e",
+                    Expr(
+                        f"{is_last} ? [{last}] : {here.ref}.filter({var}, {key_test(var)})",
+                        3 * here.cost + 8 + n * 6,
+                    ),
+                )
+                index = self._variable(
+                    "i",
+                    Expr(
+                        f"{is_last} ? size({here.ref}) - 1 : {position(here.ref, var, key_test(var), last=True)}",
+                        3 * here.cost + 8 + n * 20,
+                    ),
+                )
+                found = Expr(f"size({named.text}) > 0", named.cost + 1)
+                element = _Here(
+                    here.ptr.index(index), f"{named.text}[size({named.text}) - 1]", named.cost + 3
+                )
             chunks.append(when(found, self._merge(value, element, (*path, f"[{name}]")), append))
         return concat(chunks)
 
-    def _position(self, index: Expr) -> Expr:
-        name = f"{self.prefix}i{len(self.positions)}"
-        self.positions[name] = index
+    def _variable(self, kind: str, value: Expr) -> Expr:
+        name = f"{self.prefix}{kind}{len(self.positions)}"
+        self.positions[name] = value
         return Expr(f"variables.{name}", 2)
 
     # --- the derived fields (sparkgate/mutation/derived.py) ---
@@ -714,9 +754,7 @@ class _ProfileOps:
         template_mounts = spark_template.get("volumeMounts") if spark_template is not None else None
         static_paths = {m.get("mountPath") for m in template_mounts or () if isinstance(m, dict)}
         replaced = self._replaced_spark_mounts()
-        container = _Here(Pointer(("spec", "containers")), f"{SPEC}.containers").index(
-            Expr("variables.spark", 1)
-        )
+        container = SPARK
         mounts = container.key("volumeMounts")
         chunks = []
         whole = []

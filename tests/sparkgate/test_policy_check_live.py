@@ -156,13 +156,14 @@ def test_in_the_admission_policy_mode_the_candidate_is_judged_too(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """No webhook: the live policy is the MutatingAdmissionPolicy rendered from LIVE (kubesim runs it as
-    kube-apiserver 1.36 does, kubesim/mutating_policy.py). The rendered policy carries the probe's
-    matchCondition too, so the candidate's dry runs are not shaped again by the live policy: the added
-    profile is judged admitted before it is applied."""
+    kube-apiserver 1.36 does, kubesim/mutating_policy.py). The rendered policy's mutations are guarded by the
+    probe's matchCondition too, so the candidate's dry runs are not shaped again by the live policy: the
+    added profile is judged admitted before it is applied."""
     candidate = tmp_path / "candidate.yaml"
     candidate.write_text(CANDIDATE)
     rendered = render(load_policy(LIVE))
-    assert MATCH_CONDITION in rendered.objects[0]["spec"]["matchConditions"]
+    guard = f" && {MATCH_CONDITION['expression']}) ? "
+    assert all(guard in m["jsonPatch"]["expression"] for m in rendered.objects[0]["spec"]["mutations"])
     with Cluster(nodes=1) as cluster:
         for namespace in ("spark-a", "spark-b", "spark-c"):
             cluster.add_namespace(namespace)

@@ -3,8 +3,10 @@ render, and the API server's limits it is held to. The parity with the webhook i
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -32,7 +34,20 @@ def test_the_example_policy_renders_one_policy_and_its_binding(example_policy: P
             "scope": "Namespaced",
         }
     ]
-    assert spec["matchConstraints"]["objectSelector"] == {"matchLabels": {"spark-role": "executor"}}
+    # The selectors, checked before any CEL, and no matchConditions: the API server converts the whole pod to
+    # CEL values for them, on each admission and again on the reinvocation pass.
+    assert spec["matchConstraints"]["objectSelector"] == {
+        "matchLabels": {"spark-role": "executor"},
+        "matchExpressions": [{"key": "spark-app-selector", "operator": "Exists"}],
+    }
+    assert spec["matchConstraints"]["namespaceSelector"]["matchExpressions"] == [
+        {
+            "key": "kubernetes.io/metadata.name",
+            "operator": "NotIn",
+            "values": ["kube-system", "monitoring", "sparkgate-system"],  # legacy-* is in the guard
+        }
+    ]
+    assert "matchConditions" not in spec
     assert spec["failurePolicy"] == "Ignore"  # never deny an executor pod (docs/architecture.md)
     assert spec["reinvocationPolicy"] == "Never"  # as the webhook's: one run per pod
     assert {m["patchType"] for m in spec["mutations"]} == {"JSONPatch"}  # never ApplyConfiguration
@@ -154,3 +169,34 @@ def test_an_expression_above_the_parsers_size_limit_is_named() -> None:
         and line.endswith("above cel-go's limit of 100,000 per expression")
         for line in e.value.errors
     ), e.value.errors
+
+
+@pytest.mark.parametrize(
+    ("namespace", "app_id"),
+    [("legacy-x", "spark-1"), ("monitoring", "spark-1"), ("spark-jobs", ""), ("spark-jobs", None)],
+    ids=["excluded-by-pattern", "excluded-by-name", "empty-app-id", "no-app-id"],
+)
+def test_what_the_webhook_leaves_alone_the_policy_leaves_alone_without_match_conditions(
+    reviews: dict[str, Any], example_policy: Policy, namespace: str, app_id: str | None
+) -> None:
+    """The selectors (kubesim's matching, as matching.go) and the guard around the mutation stand for the match
+    conditions the rendering no longer has; the same pod in spark-jobs with its app id is shaped."""
+    from kubesim.mutating_policy import apply_policies
+
+    objects = render(example_policy).objects
+    pod = copy.deepcopy(reviews["etl-nightly-exec-1"]["request"]["object"])
+
+    def through_policy(ns: str, app: str | None) -> Any:
+        p = copy.deepcopy(pod)
+        p["metadata"]["namespace"] = ns
+        p["metadata"]["labels"].pop("spark-app-selector")
+        if app is not None:
+            p["metadata"]["labels"]["spark-app-selector"] = app
+        meta = {"name": ns, "labels": {"kubernetes.io/metadata.name": ns}}
+        got = apply_policies([objects[0]], [objects[1]], p, namespace={"kind": "Namespace", "metadata": meta})
+        return p, got
+
+    before, after = through_policy(namespace, app_id)
+    assert after == before
+    before, after = through_policy("spark-jobs", "spark-1")
+    assert after != before and "sparkgate.io/allocator" in str(after["spec"]["schedulingGates"])
