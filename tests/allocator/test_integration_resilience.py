@@ -151,7 +151,7 @@ def test_api_faults_and_a_leader_hand_over_keep_the_limits(world: World) -> None
     # Two live allocators: with the short default lease a pause of the machine longer than it would let the
     # follower take over on its own (the leader then gets 409 and exits). A long lease keeps the only
     # hand-over the planned one, which stays immediate: a graceful stop releases the lease.
-    lease = {"lease_duration": 15.0, "renew_deadline": 10.0}
+    lease = {"lease": (15.0, 10.0, 0.3)}
     first = world.allocator("alloc-a", **lease)
     world.wait_leader("alloc-a")
     second = world.allocator("alloc-b", **lease)  # a follower with a warm cache
@@ -205,7 +205,7 @@ def test_a_hung_api_server_the_leader_stops_writing_by_itself_and_the_follower_w
     two replicas' writes never interleave: every write of A while A held the Lease by the log's timeline,
     none after B's first. Durations leave wide margins for a loaded machine; the asserts are on order."""
     lease_duration, renew_deadline = 10.0, 4.0
-    lease = {"lease_duration": lease_duration, "renew_deadline": renew_deadline, "retry_period": 0.5}
+    lease = {"lease": (lease_duration, renew_deadline, 0.5)}
     world.cluster.scheduler.max_bind_rate = 5.0  # a steady stream of releases, long enough to outlast A
     first = world.allocator("alloc-a", **lease)
     world.wait_leader("alloc-a")
