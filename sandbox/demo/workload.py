@@ -5,8 +5,10 @@ a node in order (no polling, no watch latency), so the peak of unscheduled pods 
 work is integrated over the moments its running executors change, and with sparkgate every gate removal is
 judged by the one cap checker (sandbox/caps.py). The nodes are counted as they join and go, so the
 node-minutes are those until the moment the last app completed. On an autoscaled cluster the autoscaler's
-scale-up rounds are read from it at the end (kubesim/autoscaler.py `plans`), and on every cluster the
-scheduler's own peak of pods waiting (kubesim/scheduler.py `peak_pending`).
+scale-up rounds are read from it at the end (kubesim/autoscaler.py `plans`), what sparkgate showed it is
+counted from the same changes (executor pods first marked Unschedulable while still gated, ProvisioningRequests
+made and provisioned), and on every cluster the scheduler's own peak of pods waiting (kubesim/scheduler.py
+`peak_pending`).
 
 Threads: the Tracker is fed by the store's committing threads and read by the run's thread (the live view,
 the result), under its lock; the Run's own state belongs to the thread that calls `execute`.
