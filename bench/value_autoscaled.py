@@ -10,8 +10,8 @@ targets, for the run with `autoscalerDemand: held` against the run without spark
   node-minutes (every node, from when it joined until the last app completed);
 - the scheduler never sees more unscheduled executors than the cap: the run's peak of unscheduled executor
   pods within `maxPendingCluster` in every round, and no release past a limit (sandbox/caps.py).
-The slowdown of `released` (the gate alone: the autoscaler sees only what sparkgate released) is shown
-beside them, with no target.
+The slowdown of `released` (the gate alone: the autoscaler sees only what sparkgate released) and of the
+ProvisioningRequest run (`provisioning`) is shown beside them, with no target.
 
 The autoscaler is kubesim's (kubesim/autoscaler.py), its timers a tenth of cluster-autoscaler's defaults
 (sandbox/demo/scenarios.py `Autoscaling`): a stand-in, said next to every figure.
@@ -25,7 +25,7 @@ from typing import Any
 from . import common
 from .common import Row
 
-WITHOUT, HELD, RELEASED = "without", "held", "released"
+WITHOUT, HELD = "without", "held"
 RUNNING_RATIO = 1.1  # held: every executor running no later than this times the run without sparkgate
 
 
@@ -57,6 +57,9 @@ FIGURES: dict[str, Callable[[dict[str, Any]], Any]] = {
     # Each executor's creation -> first PodScheduled=False/Unschedulable: when the autoscaler could see it.
     "marked_p50_s": lambda run: _marked(run, 0.5),
     "marked_p90_s": lambda run: _marked(run, 0.9),
+    # What the autoscaler was shown of the held pods: sparkgate's marks, its ProvisioningRequests.
+    "marked_while_held": lambda run: run["autoscaling"].get("marked_while_held"),
+    "provisioning_requests": lambda run: run["autoscaling"].get("provisioning_requests"),
 }
 
 
@@ -186,12 +189,14 @@ def rows(result: dict[str, Any]) -> list[Row]:
         Row(f"executor created -> marked unschedulable p50; p90 ({header})",
             each("marked_p50_s", " s", 2) + "; " + each("marked_p90_s", " s", 2)),
     ]  # fmt: skip
-    if RELEASED in result["ratios"]:
-        slower = result["ratios"][RELEASED]
+    out.append(Row(f"executor pods marked while held ({header})", each("marked_while_held")))
+    out.append(Row(f"ProvisioningRequests made ({header})", each("provisioning_requests")))
+    for key, slower in result["ratios"].items():
         out.append(
             Row(
-                "released: every executor running; last app complete (x without)",
-                f"{ratio(slower['all_running_s']['median'])}; {ratio(slower['all_complete_s']['median'])}",
+                f"{key}: every executor running; last app complete; node-minutes (x without)",
+                f"{ratio(slower['all_running_s']['median'])}; {ratio(slower['all_complete_s']['median'])}; "
+                f"{ratio(slower['node_minutes']['median'])}",
             )
         )
     t = result["targets"]

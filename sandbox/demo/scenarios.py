@@ -86,12 +86,32 @@ class RunSpec:
 
 WITHOUT = RunSpec("without", "without sparkgate", sparkgate=False)
 WITH = RunSpec("with", "with sparkgate", sparkgate=True)
-# What the autoscaler sees of the executors sparkgate holds (docs/policy.md, issue 36): nothing (`released`,
-# the gate only), all of them (`held`: each marked PodScheduled=False/Unschedulable), or a
-# ProvisioningRequest per app for them.
+# What the autoscaler sees of the executors sparkgate holds (docs/policy.md "Autoscaled clusters", issue 36):
+# nothing (`released`, the gate only), all of them (`held`: each marked PodScheduled=False/Unschedulable), or a
+# ProvisioningRequest per app for them. Each run names both settings, so that none depends on the default.
+# The request's class is best-effort-atomic-scale-up: the cluster must grow to run the apps, and only that
+# class adds nodes (check-capacity only says whether the pods fit the nodes there are; where they do not, the
+# allocator falls back to the marks, which the `held` run measures already).
 RUNS_AUTOSCALED = (
     WITHOUT,
-    RunSpec("released", "sparkgate, released", sparkgate=True),
+    RunSpec(
+        "released",
+        "sparkgate, released",
+        sparkgate=True,
+        allocation={"autoscalerDemand": "released", "provisioning": "none"},
+    ),
+    RunSpec(
+        "held",
+        "sparkgate, held",
+        sparkgate=True,
+        allocation={"autoscalerDemand": "held", "provisioning": "none"},
+    ),
+    RunSpec(
+        "provisioning",
+        "sparkgate, ProvisioningRequest",
+        sparkgate=True,
+        allocation={"autoscalerDemand": "held", "provisioning": "best-effort-atomic-scale-up"},
+    ),
 )
 
 

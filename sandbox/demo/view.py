@@ -153,6 +153,11 @@ def comparison(scenario: Scenario, results: list[RunResult]) -> Table:
         row("peak nodes", lambda r: str(_autoscaled(r, "peak_nodes")))
         row("node-minutes", lambda r: f"{_autoscaled(r, 'node_minutes'):.1f}")
         row("peak pods waiting in the scheduler", lambda r: str(r.scheduler_peak_pending))
+        row("executor pods marked while held", lambda r: str(_autoscaled(r, "marked_while_held")))
+        row(
+            "ProvisioningRequests (provisioned)",
+            lambda r: f"{_autoscaled(r, 'provisioning_requests')} ({_autoscaled(r, 'provisioned_requests')})",
+        )
     row(
         "peak unscheduled executor pods",
         lambda r: f"{r.peak_unscheduled} (cap {cap})" if r.sparkgate else str(r.peak_unscheduled),

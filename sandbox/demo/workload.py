@@ -5,8 +5,10 @@ a node in order (no polling, no watch latency), so the peak of unscheduled pods 
 work is integrated over the moments its running executors change, and with sparkgate every gate removal is
 judged by the one cap checker (sandbox/caps.py). The nodes are counted as they join and go, so the
 node-minutes are those until the moment the last app completed. On an autoscaled cluster the autoscaler's
-scale-up rounds are read from it at the end (kubesim/autoscaler.py `plans`), and on every cluster the
-scheduler's own peak of pods waiting (kubesim/scheduler.py `peak_pending`).
+scale-up rounds are read from it at the end (kubesim/autoscaler.py `plans`), what sparkgate showed it is
+counted from the same changes (executor pods first marked Unschedulable while still gated, ProvisioningRequests
+made and provisioned), and on every cluster the scheduler's own peak of pods waiting (kubesim/scheduler.py
+`peak_pending`).
 
 Threads: the Tracker is fed by the store's committing threads and read by the run's thread (the live view,
 the result), under its lock; the Run's own state belongs to the thread that calls `execute`.
@@ -126,6 +128,10 @@ class Tracker:
         # sparkgate on a held pod): when cluster-autoscaler can first see it. Pods bound unmarked are not in it.
         self.mark_latencies: list[float] = []
         self._unmarked: dict[str, float] = {}  # by uid, until first marked or bound: when it was created
+        self.marked_held = 0  # executor pods first marked while still gated: sparkgate's marks (`held`)
+        # ProvisioningRequests made in the run (by name) and those that got Provisioned=True.
+        self.requests: set[str] = set()
+        self.provisioned: set[str] = set()
 
     def now(self) -> float:
         return self.clock() - self.started
@@ -140,6 +146,9 @@ class Tracker:
     def on_change(self, kind: str, resource: str, obj: dict[str, Any]) -> None:
         if resource == "nodes":
             self.node_changed(kind, obj["metadata"]["name"])
+            return
+        if resource == "provisioningrequests":
+            self._request_changed(obj)
             return
         if resource != "pods":
             return
@@ -178,6 +187,7 @@ class Tracker:
                 self._unmarked.pop(uid, None)
             elif uid in self._unmarked and _marked(status):
                 self.mark_latencies.append(now - self._unmarked.pop(uid))
+                self.marked_held += int(new.gated)
             if (
                 old is None
                 and new is not None
@@ -195,6 +205,17 @@ class Tracker:
                     app.deleted += 1
             self.peak_unscheduled = max(self.peak_unscheduled, self.unscheduled)
             self.peak_gated = max(self.peak_gated, self.gated)
+
+    def _request_changed(self, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        provisioned = any(
+            c.get("type") == "Provisioned" and c.get("status") == "True"
+            for c in (obj.get("status") or {}).get("conditions") or ()
+        )
+        with self.lock:
+            self.requests.add(name)
+            if provisioned:
+                self.provisioned.add(name)
 
     def node_changed(self, kind: str, name: str, at: float | None = None) -> None:
         """A node joined (ADDED) or left (DELETED) now, or `at` (seconds since the run started)."""
@@ -457,6 +478,9 @@ class Run:
                 # Until the last app completed (its nodes' unneeded time before a scale-down is not in it).
                 "node_minutes": round(tracker.node_seconds(until) / 60, 2),
                 "node_joins_s": [round(t, 2) for t in tracker.node_joins() if t > 0],
+                "marked_while_held": tracker.marked_held,
+                "provisioning_requests": len(tracker.requests),
+                "provisioned_requests": len(tracker.provisioned),
             }
         return RunResult(
             self.spec,

@@ -187,7 +187,8 @@ def test_value(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
         assert comparison["executor_start_p90_s"][side] <= max(started)
     # The autoscaled scenario: without sparkgate and each setting of what the autoscaler sees, side by side.
     autoscaled = document["autoscaled"]
-    assert autoscaled["scenario"] == "autoscaled-tiny" and autoscaled["runs"][:2] == ["without", "released"]
+    assert autoscaled["scenario"] == "autoscaled-tiny"
+    assert autoscaled["runs"] == ["without", "released", "held", "provisioning"]
     assert (
         autoscaled["demo_exit_codes"] == [0] and len(autoscaled["comparisons"]) == autoscaled["rounds"] == 1
     )
@@ -200,14 +201,20 @@ def test_value(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
         )
         assert figures["peak_unscheduled"] > 0 and figures["cap_violations"] == 0
         assert 0 <= figures["marked_p50_s"] <= figures["marked_p90_s"]
-    without, released = autoscaled["summary"]["without"], autoscaled["summary"]["released"]
-    assert without["peak_unscheduled"] > autoscaled["cap"] >= released["peak_unscheduled"]
-    assert positive(without["all_running_s"]) and positive(
-        autoscaled["ratios"]["released"]["all_complete_s"]["median"]
+    summary = autoscaled["summary"]
+    assert (
+        summary["without"]["peak_unscheduled"] > autoscaled["cap"] >= summary["released"]["peak_unscheduled"]
     )
+    assert positive(summary["without"]["all_running_s"])
+    # Sparkgate's marks only with `held`, its requests only with a class; each run's slowdown beside.
+    assert summary["held"]["marked_while_held"] > 0 == summary["released"]["marked_while_held"]
+    assert summary["provisioning"]["provisioning_requests"] > 0 == summary["held"]["provisioning_requests"]
+    for key in ("released", "held", "provisioning"):
+        assert positive(autoscaled["ratios"][key]["all_complete_s"]["median"])
     held = autoscaled["targets"]
-    assert set(held) in (set(), {"all_running", "scale_up_rounds", "peak_nodes", "node_minutes", "cap"})
+    assert set(held) == {"all_running", "scale_up_rounds", "peak_nodes", "node_minutes", "cap"}
     assert all(isinstance(target["met"], bool) for target in held.values())
+    assert held["cap"]["met"]  # the cap holds in every round, whatever the load
 
 
 def test_extender(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:

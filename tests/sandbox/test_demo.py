@@ -121,6 +121,15 @@ def test_the_autoscaled_demo_runs_each_setting_and_grows_the_cluster(tmp_path: P
             assert result["cap_violations"] == [] and 0 < result["peak_unscheduled_executor_pods"] <= cap
             assert result["scheduler_peak_pending"] <= cap + drivers  # the drivers wait there too
             assert result["peak_gated_executor_pods"] > 0 and result["bypassed_pods"] == 0
+        # What the autoscaler was shown of the held pods: marks only with `held` and no request, requests
+        # (each app's held pods released once one is provisioned) only with a class.
+        assert result["policy"] == dict(run.allocation), run.key
+        requests = run.allocation.get("provisioning", "none") != "none"
+        held = run.allocation.get("autoscalerDemand") == "held" and not requests
+        assert (grown["marked_while_held"] > 0) == held, run.key
+        assert (grown["provisioned_requests"] > 0) == requests, run.key
+        assert grown["provisioning_requests"] >= grown["provisioned_requests"]
+    assert [r.key for r in scenario.runs] == ["without", "released", "held", "provisioning"]
     without = report["without"]
     # Without sparkgate the node group grows to fit every executor at once: all of them run.
     assert without["all_running_s"] is not None and without["scheduler_peak_pending"] > cap
@@ -212,6 +221,7 @@ def test_tracker_judges_each_release_counts_nodes_and_times_the_marks() -> None:
     assert len(tracker.checker.violations) == 3  # the app's, the namespace's and the cluster's limit
     tracker.on_change("MODIFIED", "pods", pod("p3", "app-1", gated=False, node="n1", marked=True))
     assert tracker.mark_latencies == [0.5, 1.5]  # p3 was bound before it was ever marked
+    assert tracker.marked_held == 1  # p1, marked by sparkgate while gated; p2 by the scheduler, released
     tracker.on_change("ADDED", "nodes", {"metadata": {"name": "n1"}})
     clock.now = 2.0
     tracker.on_change("ADDED", "nodes", {"metadata": {"name": "n2"}})
@@ -220,6 +230,22 @@ def test_tracker_judges_each_release_counts_nodes_and_times_the_marks() -> None:
     assert (tracker.nodes, tracker.peak_nodes, tracker.node_joins()) == (1, 2, [1.5, 2.0])
     assert tracker.node_seconds(3.0) == 0.5 + 1.0 and tracker.node_seconds(1.75) == 0.25
     assert Tracker(0.0, clock).checker is None  # without sparkgate nothing is judged
+
+
+def test_tracker_counts_the_provisioning_requests_made_and_provisioned() -> None:
+    tracker = Tracker(0.0, Clock())
+
+    def request(name: str, *conditions: tuple[str, str]) -> dict[str, Any]:
+        status = {"conditions": [{"type": t, "status": s} for t, s in conditions]}
+        return {"metadata": {"name": name}, "status": status}
+
+    tracker.on_change("ADDED", "provisioningrequests", request("sg-a-pr1"))
+    tracker.on_change("MODIFIED", "provisioningrequests", request("sg-a-pr1", ("Accepted", "True")))
+    tracker.on_change("ADDED", "provisioningrequests", request("sg-b-pr1"))
+    tracker.on_change("MODIFIED", "provisioningrequests", request("sg-b-pr1", ("Provisioned", "False")))
+    tracker.on_change("MODIFIED", "provisioningrequests", request("sg-a-pr1", ("Provisioned", "True")))
+    tracker.on_change("DELETED", "provisioningrequests", request("sg-a-pr1", ("Provisioned", "True")))
+    assert (tracker.requests, tracker.provisioned) == ({"sg-a-pr1", "sg-b-pr1"}, {"sg-a-pr1"})
 
 
 def test_dynamic_allocation_ramps_as_spark_does_and_the_target_follows() -> None:
@@ -244,7 +270,8 @@ def test_the_comparison_has_a_column_per_run_and_the_autoscalers_figures() -> No
                      "complete_after_s": 5.0 + n, "deleted_before_running": 0}
             for a in scenario.apps
         }  # fmt: skip
-        grown = {"scale_up_rounds": 10 + n, "nodes_added": [], "peak_nodes": 20 + n, "node_minutes": 1.25 + n}
+        grown = {"scale_up_rounds": 10 + n, "nodes_added": [], "peak_nodes": 20 + n, "node_minutes": 1.25 + n,
+                 "marked_while_held": 30 + n, "provisioning_requests": 2 * n, "provisioned_requests": n}  # fmt: skip
         return RunResult(spec, 9.0, apps, 5, 0, 100, scheduler_peak_pending=7 + n, autoscaling=grown)
 
     results = [result(n, spec) for n, spec in enumerate(specs)]
@@ -264,6 +291,8 @@ def test_the_comparison_has_a_column_per_run_and_the_autoscalers_figures() -> No
     assert cells("peak nodes") == [str(20 + i) for i in n]
     assert cells("node-minutes") == [f"{1.25 + i:.1f}" for i in n]
     assert cells("peak pods waiting in the scheduler") == [str(7 + i) for i in n]
+    assert cells("executor pods marked while held") == [str(30 + i) for i in n]
+    assert cells("ProvisioningRequests (provisioned)") == [f"{2 * i} ({i})" for i in n]
     report = report_dict(scenario, results)
     assert report["runs"] == [s.key for s in specs]
     assert [report[s.key]["all_running_s"] for s in specs] == [2.0 + i for i in n]
