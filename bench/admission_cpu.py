@@ -34,7 +34,9 @@ def per_call_us(fn: Callable[[int], object], calls: int = 300, passes: int = 7) 
     return round(statistics.median(times), 1)
 
 
-def measure(policy_path: str, bodies: list[bytes]) -> dict[str, float]:
+def stages(policy_path: str, bodies: list[bytes]) -> dict[str, Callable[[int], object]]:
+    """Each stage's production code as a function of the call's number (which picks the review, in turn);
+    bench/admission_instructions.py counts the same stages' instructions."""
     os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="sparkgate-bench-cpu-"))
     from bench.floor import create_floor_app
     from sparkgate.mutation import desired_pod
@@ -78,22 +80,24 @@ def measure(policy_path: str, bodies: list[bytes]) -> dict[str, float]:
         metrics.requests("mutate", "mutated").inc()
         metrics.latency("mutate").observe(0.0004)
 
-    figures = {
-        "floor_app": per_call_us(lambda i: call(apps["floor"], bodies[i % n])),
-        "webhook_app": per_call_us(lambda i: call(apps["webhook"], bodies[i % n])),
-        "parse_review": per_call_us(lambda i: parse_review(bodies[i % n])),
-        "policy_match": per_call_us(
-            lambda i: policy.profile_for(
-                requests[i % n]["namespace"],
-                pods[i % n]["metadata"]["labels"],
-                pods[i % n]["metadata"].get("annotations") or {},
-            )
+    return {
+        "floor_app": lambda i: call(apps["floor"], bodies[i % n]),
+        "webhook_app": lambda i: call(apps["webhook"], bodies[i % n]),
+        "parse_review": lambda i: parse_review(bodies[i % n]),
+        "policy_match": lambda i: policy.profile_for(
+            requests[i % n]["namespace"],
+            pods[i % n]["metadata"]["labels"],
+            pods[i % n]["metadata"].get("annotations") or {},
         ),
-        "desired_pod": per_call_us(lambda i: desired_pod(pods[i % n], profiles[i % n])),
-        "patch_diff": per_call_us(lambda i: diff(pods[i % n], wanted[i % n])),
-        "encode_patch_and_response": per_call_us(lambda i: encode(i % n)),
-        "metrics": per_call_us(count),
+        "desired_pod": lambda i: desired_pod(pods[i % n], profiles[i % n]),
+        "patch_diff": lambda i: diff(pods[i % n], wanted[i % n]),
+        "encode_patch_and_response": lambda i: encode(i % n),
+        "metrics": count,
     }
+
+
+def measure(policy_path: str, bodies: list[bytes]) -> dict[str, float]:
+    figures = {name: per_call_us(fn) for name, fn in stages(policy_path, bodies).items()}
     figures["webhook_beyond_floor"] = round(figures["webhook_app"] - figures["floor_app"], 1)
     return figures
 

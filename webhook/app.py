@@ -136,11 +136,25 @@ def _refuse(endpoint: str, status: int, message: str) -> Response:
     return Response(message + "\n", status, mimetype="text/plain")
 
 
-# Made once, not per admission (json.dumps with options builds an encoder at each call); neither keeps
-# state between calls. The patch as json.dumps writes it by default; allow_nan=False: NaN and Infinity are
-# no JSON, and the API server would refuse the patch. check_circular=False: a parsed review has no cycles.
-_PATCH_JSON = json.JSONEncoder(allow_nan=False, check_circular=False)
-_RESPONSE_JSON = json.JSONEncoder(separators=(",", ":"), check_circular=False)
+class _Encoder:
+    """json.JSONEncoder's text, from the C encoder it builds made once: JSONEncoder.encode makes that encoder
+    (and a closure) again at every call, ~1 µs, as much as the encoding of a small patch. It keeps no state
+    between calls; no markers: a parsed review has no cycles."""
+
+    def __init__(self, item_separator: str, key_separator: str, allow_nan: bool) -> None:
+        self._encode = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+            None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii,
+            None, key_separator, item_separator, False, False, allow_nan,
+        )  # fmt: skip
+
+    def encode(self, document: Any) -> str:
+        return "".join(self._encode(document, 0))
+
+
+# The patch as json.dumps writes it by default; allow_nan=False: NaN and Infinity are no JSON, and the API
+# server would refuse the patch. The response as compact as JSON goes.
+_PATCH_JSON = _Encoder(", ", ": ", allow_nan=False)
+_RESPONSE_JSON = _Encoder(",", ":", allow_nan=True)
 
 
 def _json(document: dict[str, Any]) -> Response:
