@@ -171,6 +171,8 @@ def test_a_client_mode_app_held_by_its_namespace_cap_for_ten_minutes_is_not_ende
     assert sum(1 for p in pods if p["metadata"]["name"].startswith(("app-b-", "app-c-"))) == 8  # none deleted
     for i in range(1, 5):  # app-a's executors go: room for one batch
         t.cluster.store.delete("pods", "spark", f"app-a-exec-{i}", grace_period_seconds=0)
-    t.cluster.wait_for(lambda: len(t.released) == 8, timeout=30, what="a batch for the first notebook")
-    # The batch's gate removals go out side by side (the actor's writers): in any order.
-    assert sorted(t.names("app-b")) == [f"app-b-exec-{i}" for i in range(1, 5)] and t.names("app-c") == []
+    t.cluster.wait_for(lambda: len(t.released) == 8, timeout=30, what="the notebooks' releases")
+    # The first slot freed goes to the first notebook. The four deletions may be decided one at a time on a
+    # busy machine (a slot each): the notebook that just released is then behind the other (apps take
+    # turns), so how the rest is shared depends on the timing, not what comes first.
+    assert t.released[4][0].startswith("app-b-"), t.released
