@@ -128,7 +128,7 @@ class Actor:
         identity: str = contract.ALLOCATOR_SERVICE_ACCOUNT,
         clock: Callable[[], float] = time.time,
         on_release: Callable[[Release, float], None] | None = None,
-        on_sending: Callable[[Release, float], None] | None = None,
+        on_sending: Callable[[Release], None] | None = None,
         on_delete: Callable[[DeletePod], None] | None = None,
         parallel_apps: int = PARALLEL_APPS,
         writers: int = WRITERS,
@@ -141,7 +141,7 @@ class Actor:
         self.identity = identity
         self.clock = clock
         self.on_release = on_release  # (the release, when) once the API server accepted the gate removal
-        # (the release, when) before its PATCH is sent: its watch events may come before the PATCH returns
+        # the release, before its PATCH is sent: its watch events may come before the PATCH returns
         self.on_sending = on_sending
         self.on_delete = on_delete
         self.events = EventRecorder(self.kube, identity=identity, clock=clock)
@@ -367,7 +367,7 @@ class Actor:
         with self._seen_lock:  # read before the PATCH: its watch event may be observed before it returns
             seen = self._seen.get(pod.uid)
         if self.on_sending is not None:
-            self.on_sending(action, self.clock())
+            self.on_sending(action)
         self.kube.patch(
             f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}",
             contract.gate_removal(pod.gate_index)

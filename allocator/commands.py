@@ -385,7 +385,7 @@ def assemble(
         on_release=lambda action, at: parts["controller"].on_release(action, at),
         # Before the PATCH: its bind (or its deletion) may be watched before the PATCH returns, and an entry
         # made after that would never be taken (release-to-bind times, expectations.BindTimes).
-        on_sending=lambda action, at: bind_times.released(action.pod.uid, at),
+        on_sending=lambda action: bind_times.released(action.pod.uid),
         on_delete=lambda action: parts["controller"].on_delete(action),
         on_gate_removed=metrics.gate_removal.observe,
         on_mark=lambda action, outcome: metrics.demand_marks.labels(outcome).inc(),

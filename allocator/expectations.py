@@ -320,13 +320,17 @@ class BindTimes:
     """Release time of each released pod until its watch shows it bound: the release-to-bind metric.
     Thread-safe (a leaf lock): the actor threads add, the executors reflector observes."""
 
-    def __init__(self, observe: Callable[[str, float], None], clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, observe: Callable[[str, float], None], clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._observe = observe  # (namespace, seconds from release to bind)
         self.clock = clock
         self._lock = threading.Lock()
         self._released: dict[str, float] = {}
 
-    def released(self, uid: str, at: float) -> None:
+    def released(self, uid: str) -> None:
+        """Now, on the monotonic clock: a duration measured within this process."""
+        at = self.clock()
         with self._lock:
             self._released[uid] = at
 

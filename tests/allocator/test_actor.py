@@ -298,19 +298,21 @@ def test_a_release_time_is_taken_before_its_patch_so_a_pod_watched_gone_meanwhil
     the pod bound or gone. Taken after the PATCH returned, a pod whose bind and deletion were watched while
     the PATCH was in flight (Spark scaling down at once) left its entry for good."""
     bound: list[tuple[str, float]] = []
-    times = BindTimes(lambda ns, seconds: bound.append((ns, seconds)), clock=lambda: 105.0)
+    now = [100.0]
+    times = BindTimes(lambda ns, seconds: bound.append((ns, seconds)), clock=lambda: now[0])
     kube = Kube.from_kubeconfig(str(cluster.add_user(ALLOCATOR)))
     actor = Actor(
         kube.gated(leadership, timeout=30),
         "sparkgate-system",
         clock=lambda: 100.0,
-        on_sending=lambda action, at: times.released(action.pod.uid, at),
+        on_sending=lambda action: times.released(action.pod.uid),
     )
     pod = gated_pod(cluster, "app-a", 1)
     patch = actor.kube.patch
 
     def watched_during_the_patch(*args: Any, **kwargs: Any) -> Any:
         answer = patch(*args, **kwargs)
+        now[0] = 105.0
         on_node = replace(pod, gated=False, gate_index=None, node="node-1")
         times.observe(pod, on_node)  # the bind, watched before the PATCH returns ...
         times.observe(on_node, None)  # ... and the pod's deletion

@@ -121,8 +121,10 @@ def test_a_delete_counts_until_the_watch_shows_the_pod_deleting_or_gone() -> Non
 
 def test_release_to_bind_is_measured_once_when_the_pod_gets_a_node() -> None:
     seen: list[tuple[str, float]] = []
-    times = BindTimes(lambda ns, seconds: seen.append((ns, seconds)), clock=lambda: 12.5)
-    times.released("1", 10.0)
+    now = [10.0]
+    times = BindTimes(lambda ns, seconds: seen.append((ns, seconds)), clock=lambda: now[0])
+    times.released("1")
+    now[0] = 12.5
     times.observe(pod("1"), pod("1", gated=False))  # released, not bound yet
     times.observe(pod("1", gated=False), pod("1", gated=False, node="n1"))
     times.observe(pod("1", gated=False, node="n1"), pod("1", gated=False, node="n1"))
