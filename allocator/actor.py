@@ -144,7 +144,7 @@ class Actor:
         # the release, before its PATCH is sent: its watch events may come before the PATCH returns
         self.on_sending = on_sending
         self.on_delete = on_delete
-        self.events = EventRecorder(self.kube, identity=identity, clock=clock)
+        self.events = EventRecorder(self.kube, identity=identity, wall=clock, monotonic=monotonic)
         self._pool = ThreadPoolExecutor(max_workers=parallel_apps, thread_name_prefix="actor")
         self._writes = ThreadPoolExecutor(max_workers=writers, thread_name_prefix="actor-write")
         self.monotonic = monotonic

@@ -82,7 +82,7 @@ class PolicyProbe:
         self.interval = interval
         self.max_dry_runs = max_dry_runs
         self._monotonic = monotonic
-        self.events = EventRecorder(kube, identity=identity, clock=clock)
+        self.events = EventRecorder(kube, identity=identity, wall=clock, monotonic=monotonic)
         self._last: tuple[str, float] | None = None  # (policy digest, monotonic time) of the last run
         self._digest: str | None = None  # the policy that `_results` are about
         self._results: dict[tuple[str, str], ProbeResult] = {}  # (profile, namespace): its last answer

@@ -27,8 +27,15 @@ allocator's actor threads and the probe, which must not wait 10 s between tries)
 next report of the series tries again; a create whose answer was lost is patched by that report (404:
 created then). A recorder whose client is the leader's (`Kube.gated`) records nothing once leadership has
 lapsed: no request, no token of the spam filter or of the client's budget, no warning per report (the next
-leader reports what still holds). Time comes from the injected clock. Thread safety: the caches are
-owned by the recorder and guarded by its lock, held for bookkeeping only, never during a request.
+leader reports what still holds).
+
+Two injected clocks. The spam filter's buckets refill on the monotonic one, as client-go's do (Go's
+time.Now carries a monotonic reading, which the durations of its rate limiter use): a step of the wall clock
+(NTP, a VM resumed) neither refills a bucket at once (forward: a burst of writes) nor withholds the refill
+that is due (backward). The wall clock only stamps what an Event says (first/lastTimestamp, client-go's name).
+
+Threading: the caches (series and buckets) are owned by the recorder and guarded by its lock, held for
+bookkeeping only, never during a request; any thread may record (the actor's threads, the probe's task).
 """
 
 from __future__ import annotations
@@ -127,7 +134,7 @@ class _Logged:
 
 @dataclass
 class _Bucket:
-    """A token bucket (flowcontrol.NewTokenBucketRateLimiter): `tokens` at time `at`."""
+    """A token bucket (flowcontrol.NewTokenBucketRateLimiter): `tokens` at monotonic time `at`."""
 
     tokens: float
     at: float
@@ -139,14 +146,16 @@ class EventRecorder:
         kube: Kube,
         *,
         identity: str = contract.ALLOCATOR_SERVICE_ACCOUNT,
-        clock: Callable[[], float] = time.time,
+        wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
         cache_entries: int = CACHE_ENTRIES,
         burst: int = SPAM_BURST,
         refill_seconds: float = SPAM_REFILL_SECONDS,
     ) -> None:
         self.kube = kube
         self.identity = identity
-        self.clock = clock
+        self.wall = wall  # what the Events say: their timestamps and names
+        self.monotonic = monotonic  # the spam filter's refills
         self.burst = burst
         self.refill_seconds = refill_seconds
         self._lock = threading.Lock()
@@ -172,7 +181,7 @@ class EventRecorder:
         message = message[:MESSAGE_MAX]
         target = _object_key(involved)
         key = (*target, type, reason, message if series is None else series)
-        now = self.clock()
+        now, elapsed_at = self.wall(), self.monotonic()
         with self._lock:
             logged = self._logged.get(key)
             if (
@@ -186,7 +195,7 @@ class EventRecorder:
             name = logged.name if logged is not None else self._name(involved["name"], now)
             observed = _Logged(name, new_count, message, written=False)
             self._logged.put(key, observed)
-            if not self._take(target, now):
+            if not self._take(target, elapsed_at):
                 return False  # counted; the next write carries the count
             observed.written = True
         namespace = involved["namespace"]
