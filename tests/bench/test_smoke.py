@@ -1,8 +1,10 @@
 """Every benchmark at its smoke size, as `python -m bench.<name> --smoke` runs it, so the scripts cannot rot.
 
-Benchmarks are not tests: nothing here checks a timing, only that each run completes, writes its result
-document with the keys docs/performance.md reports, and that the figures are sane (positive rates, counts that
-add up, latencies that are finite). The in-process benchmarks are started together (independent processes on
+Benchmarks are not tests: nothing here checks a timing, only that each run completes, leaves no process
+behind, writes its result document with the keys docs/performance.md reports, and that the figures are sane
+(positive rates, counts that add up, latencies that are finite). The value benchmark's autoscaled round is
+also the end-to-end test of `sparkgate demo --scenario autoscaled-tiny` (`autoscaled_demo`, on the report
+the demo wrote): its four runs take a minute, run once for both. The in-process benchmarks are started together (independent processes on
 loopback ports of their own) and awaited; the admission benchmark then runs alone, since it counts every
 request wrk gives up on as an error (after 5 s) and a smoke run must not fail for sharing two cores with
 four other benchmarks.
@@ -21,6 +23,9 @@ from typing import Any
 
 import pytest
 
+from sandbox.demo.scenarios import SCENARIOS
+from tests.sandbox.test_demo import processes_mentioning
+
 REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = (
     "admission",
@@ -34,35 +39,39 @@ BENCHMARKS = (
 )
 
 
+# name -> (exit code, output, result document, the processes left behind) of each smoke run
+Results = dict[str, tuple[int, str, dict[str, Any], list[str]]]
+
+
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str, dict[str, Any]]]:
-    """name -> (exit code, output, result document) of each smoke run."""
+def results(tmp_path_factory: pytest.TempPathFactory) -> Results:
     out = tmp_path_factory.mktemp("bench")
     # The admission benchmark drives the webhook with wrk (`make tools` installs it, as the README's test
     # command does): a missing wrk fails its test rather than skipping it.
     return smoke([name for name in BENCHMARKS if name != "admission" or shutil.which("wrk")], out)
 
 
-def smoke(names: list[str], out: Path) -> dict[str, tuple[int, str, dict[str, Any]]]:
-    """Run these benchmarks at their smoke size at once and wait for them all."""
-    env = {**os.environ, "TMPDIR": str(out)}
-    running = {
-        name: subprocess.Popen(
+def smoke(names: list[str], out: Path) -> Results:
+    """Run these benchmarks at their smoke size at once and wait for them all. Each has a temporary folder of
+    its own (TMPDIR): a process left behind that names it is that benchmark's."""
+    running = {}
+    for name in names:
+        (out / name).mkdir()
+        running[name] = subprocess.Popen(
             [sys.executable, "-m", f"bench.{name}", "--smoke", "--out", str(out)],
             cwd=REPO,
-            env=env,
+            env={**os.environ, "TMPDIR": str(out / name)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for name in names
-    }
-    found: dict[str, tuple[int, str, dict[str, Any]]] = {}
+    found: Results = {}
     try:
         for name, process in running.items():
             output, _ = process.communicate(timeout=600)
             path = out / f"{name}.json"
-            found[name] = (process.returncode, output, json.loads(path.read_text()) if path.exists() else {})
+            document = json.loads(path.read_text()) if path.exists() else {}
+            found[name] = (process.returncode, output, document, processes_mentioning(str(out / name)))
     finally:
         for process in running.values():
             if process.poll() is None:
@@ -71,10 +80,11 @@ def smoke(names: list[str], out: Path) -> dict[str, tuple[int, str, dict[str, An
     return found
 
 
-def finished(results: dict[str, tuple[int, str, dict[str, Any]]], name: str) -> dict[str, Any]:
+def finished(results: Results, name: str) -> dict[str, Any]:
     assert name in results, f"{name}: wrk is not installed (`make tools` installs it)"
-    code, output, document = results[name]
+    code, output, document, left = results[name]
     assert code == 0, output[-3000:]
+    assert left == [], "processes left behind"
     assert document["benchmark"] == name and document["smoke"] is True, output[-3000:]
     assert {"machine", "seconds", "started_at"} <= document.keys()
     assert document["machine"]["python"] and document["machine"]["cpus"] >= 1
@@ -86,7 +96,7 @@ def positive(value: Any) -> bool:
     return isinstance(value, int | float) and math.isfinite(value) and value > 0
 
 
-def test_admission(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
+def test_admission(results: Results) -> None:
     document = finished(results, "admission")
     summary = document["summary"]
     assert summary["runs_without_answers"] == 0 and document["worker_timeouts"] == {"webhook": 0, "floor": 0}
@@ -104,7 +114,7 @@ def test_admission(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
     assert len(document["rounds"]) == document["config"]["rounds"] == 1
 
 
-def test_scale(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
+def test_scale(results: Results) -> None:
     document = finished(results, "scale")
     config = document["config"]
     assert [size["pods"] for size in document["sizes"]] == config["sizes"] and document["problems"] == []
@@ -148,7 +158,7 @@ def test_scale(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
         assert owners["allocator"] >= owners["list"] > 0 and owners["stand-in"] > 0
 
 
-def test_refill(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
+def test_refill(results: Results) -> None:
     document = finished(results, "refill")
     refill = document["refill"]
     assert refill["released"] == refill["executors"] > 0
@@ -163,7 +173,7 @@ def test_refill(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
     assert ramp["first_to_last_release_s"] >= ramp["policy_minimum_s"] > 0
 
 
-def test_value(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
+def test_value(results: Results) -> None:
     document = finished(results, "value")
     (comparison,) = document["comparisons"]
     peak = comparison["peak_unscheduled"]
@@ -215,9 +225,48 @@ def test_value(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
     assert set(held) == {"all_running", "scale_up_rounds", "peak_nodes", "node_minutes", "cap"}
     assert all(isinstance(target["met"], bool) for target in held.values())
     assert held["cap"]["met"]  # the cap holds in every round, whatever the load
+    (report,) = autoscaled["reports"]
+    autoscaled_demo(report)
 
 
-def test_extender(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
+def autoscaled_demo(report: dict[str, Any]) -> None:
+    """The autoscaled demo end to end, on the report `sparkgate demo --scenario autoscaled-tiny --json` wrote
+    in the value benchmark's round (the demo's four runs take a minute: run once, for both; the demo's other
+    scenarios are tests/sandbox/test_demo.py's): one run per setting of what the autoscaler sees; the node
+    group grows in every run, and with sparkgate the scheduler never sees more than the cap."""
+    scenario = SCENARIOS["autoscaled-tiny"]
+    assert report["runs"] == [run.key for run in scenario.runs] and report["runs"][0] == "without"
+    assert report["autoscaling"]["static_nodes"] == 1 and report["executors"] == scenario.executors
+    cap, drivers = scenario.max_pending_cluster, len(scenario.apps)
+    for run in scenario.runs:
+        result = report[run.key]
+        grown = result["autoscaling"]
+        assert result["complete"] and result["sparkgate"] == run.sparkgate, run.key
+        # Nodes joined (the static one counted from the start), each after a scale-up asked for it.
+        assert grown["scale_up_rounds"] == len(grown["nodes_added"]) >= 1
+        assert sum(grown["nodes_added"]) >= len(grown["node_joins_s"]) >= grown["peak_nodes"] - 1 >= 1
+        assert grown["node_minutes"] > 0
+        assert result["executor_marked_s"], run.key  # the autoscaler had pods to see
+        if run.sparkgate:
+            assert result["cap_violations"] == [] and 0 < result["peak_unscheduled_executor_pods"] <= cap
+            assert result["scheduler_peak_pending"] <= cap + drivers  # the drivers wait there too
+            assert result["peak_gated_executor_pods"] > 0 and result["bypassed_pods"] == 0
+        # What the autoscaler was shown of the held pods: marks only with `held` and no request, requests
+        # (each app's held pods released once one is provisioned) only with a class.
+        assert result["policy"] == dict(run.allocation), run.key
+        requests = run.allocation.get("provisioning", "none") != "none"
+        held = run.allocation.get("autoscalerDemand") == "held" and not requests
+        assert (grown["marked_while_held"] > 0) == held, run.key
+        assert (grown["provisioned_requests"] > 0) == requests, run.key
+        assert grown["provisioning_requests"] >= grown["provisioned_requests"]
+    assert [r.key for r in scenario.runs] == ["without", "released", "held", "provisioning"]
+    without = report["without"]
+    # Without sparkgate the node group grows to fit every executor at once: all of them run.
+    assert without["all_running_s"] is not None and without["scheduler_peak_pending"] > cap
+    assert without["autoscaling"]["peak_nodes"] * 4 >= scenario.executors
+
+
+def test_extender(results: Results) -> None:
     document = finished(results, "extender")
     config = document["config"]
     assert config["apps_with_refused_nodes"] > 0 and config["most_refused_nodes"] > 0  # filter has work
@@ -229,7 +278,7 @@ def test_extender(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
     assert len(document["rounds"]) == config["rounds"] == 1
 
 
-def test_kubesim_policy(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
+def test_kubesim_policy(results: Results) -> None:
     document = finished(results, "kubesim_policy")
     (round_,) = document["rounds"]
     for case in ("without", "with_policy"):
@@ -239,7 +288,7 @@ def test_kubesim_policy(results: dict[str, tuple[int, str, dict[str, Any]]]) -> 
     assert set(document["summary"]["added_p50_ms"]) == {"http_ms", "chain_ms"}
 
 
-def test_gates(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
+def test_gates(results: Results) -> None:
     document = finished(results, "gates")
     floor, actor, config = document["floor"], document["actor"], document["config"]
     assert floor["removals"] == actor["removals"] == config["executors"] > 0
@@ -253,7 +302,7 @@ def test_gates(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
     assert actor["paced"]["pods"] == config["paced"] > 0 and 0 < paced["p50"] <= paced["p99"] <= paced["max"]
 
 
-def test_admission_policy(results: dict[str, tuple[int, str, dict[str, Any]]]) -> None:
+def test_admission_policy(results: Results) -> None:
     document = finished(results, "admission_policy")
     for entry in document["cel_cost"].values():
         for kind in ("estimate", "measured_kubesim"):

@@ -1,5 +1,6 @@
-"""`sparkgate demo`: the command end to end on its CI scenarios (a fixed cluster, an autoscaled one), and the
-tracker and view it is built on."""
+"""`sparkgate demo`: the command end to end on its fixed-cluster CI scenario, and the tracker and view it is
+built on. The autoscaled scenario's end-to-end run is the value benchmark's smoke round
+(tests/bench/test_smoke.py `autoscaled_demo`): its four runs are made once, for both."""
 
 from __future__ import annotations
 
@@ -87,60 +88,6 @@ def test_the_demo_compares_without_and_with_and_leaves_nothing_behind(tmp_path: 
     # The printed report is the JSON's numbers.
     assert f"{with_['peak_unscheduled_executor_pods']} (cap {cap})" in done.stdout
     assert "allocator /apps: http://127.0.0.1:" in done.stdout
-    assert processes_mentioning(str(tmp_path)) == []
-
-
-def test_the_autoscaled_demo_runs_each_setting_and_grows_the_cluster(tmp_path: Path) -> None:
-    """The autoscaled scenario: one run per setting of what the autoscaler sees, in a column each; the node
-    group grows in every run, and with sparkgate the scheduler never sees more than the cap."""
-    scenario = SCENARIOS["autoscaled-tiny"]
-    out = tmp_path / "report.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "sparkgate.cli", "demo", "--scenario", scenario.name, "--duration",
-         str(DURATION), "--no-live", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=len(scenario.runs) * DURATION + 120,
-        env={**os.environ, "TMPDIR": str(tmp_path), "COLUMNS": "200"},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    report = json.loads(out.read_text())
-    assert report["runs"] == [run.key for run in scenario.runs] and report["runs"][0] == "without"
-    assert report["autoscaling"]["static_nodes"] == 1 and report["executors"] == scenario.executors
-    cap, drivers = scenario.max_pending_cluster, len(scenario.apps)
-    for run in scenario.runs:
-        result = report[run.key]
-        grown = result["autoscaling"]
-        assert result["complete"] and result["sparkgate"] == run.sparkgate, run.key
-        # Nodes joined (the static one counted from the start), each after a scale-up asked for it.
-        assert grown["scale_up_rounds"] == len(grown["nodes_added"]) >= 1
-        assert sum(grown["nodes_added"]) >= len(grown["node_joins_s"]) >= grown["peak_nodes"] - 1 >= 1
-        assert grown["node_minutes"] > 0
-        assert result["executor_marked_s"], run.key  # the autoscaler had pods to see
-        if run.sparkgate:
-            assert result["cap_violations"] == [] and 0 < result["peak_unscheduled_executor_pods"] <= cap
-            assert result["scheduler_peak_pending"] <= cap + drivers  # the drivers wait there too
-            assert result["peak_gated_executor_pods"] > 0 and result["bypassed_pods"] == 0
-        # What the autoscaler was shown of the held pods: marks only with `held` and no request, requests
-        # (each app's held pods released once one is provisioned) only with a class.
-        assert result["policy"] == dict(run.allocation), run.key
-        requests = run.allocation.get("provisioning", "none") != "none"
-        held = run.allocation.get("autoscalerDemand") == "held" and not requests
-        assert (grown["marked_while_held"] > 0) == held, run.key
-        assert (grown["provisioned_requests"] > 0) == requests, run.key
-        assert grown["provisioning_requests"] >= grown["provisioned_requests"]
-    assert [r.key for r in scenario.runs] == ["without", "released", "held", "provisioning"]
-    without = report["without"]
-    # Without sparkgate the node group grows to fit every executor at once: all of them run.
-    assert without["all_running_s"] is not None and without["scheduler_peak_pending"] > cap
-    assert without["autoscaling"]["peak_nodes"] * 4 >= scenario.executors
-    # The comparison printed is the JSON's, a column per run.
-    header = next(line for line in done.stdout.splitlines() if "measured in this run" in line)
-    assert all(run.title in header for run in scenario.runs)
-    rounds = next(line for line in done.stdout.splitlines() if "scale-up rounds" in line)
-    assert rounds.replace("│", " ").split()[2:] == [
-        str(report[k]["autoscaling"]["scale_up_rounds"]) for k in report["runs"]
-    ]
     assert processes_mentioning(str(tmp_path)) == []
 
 
