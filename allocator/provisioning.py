@@ -33,6 +33,11 @@ log and by `sparkgate status`), the allocator:
 - a request that gets no verdict for UNANSWERED_SECONDS (a cluster-autoscaler without
   `--enable-provisioning-requests`, or none at all) no longer holds the app: it is paced as without a
   request, its held pods marked (waiting reason as without a request; the requests gauge shows it pending);
+- only the newest request and template of an app stand (`superseded`): an older one the watch shows is
+  deleted, whenever it shows. Deleted as a new one is made, an old request can still come back: a create whose
+  answer was lost is repeated (a named create is safe to repeat, sparkgate/kube.py), and the first attempt,
+  still queued in the API server, may land after the delete that followed the repeat (seen in a busy kubesim
+  run). Left standing, it would book nodes for no pod and keep its refused consumers from being `stranded`;
 - a pod released to consume a request that kube-scheduler refused, once the request no longer books
   capacity for it (expired, revoked, failed or deleted), is deleted (`stranded`, deletion reason
   `provisioning_stranded`): another pod took the node booked for it, and cluster-autoscaler never scales up
@@ -195,6 +200,15 @@ def requests(
         )
     )
     return out, None
+
+
+def superseded(app: AppView) -> list[Action]:
+    """The app's requests and templates older than its newest (by the sequence in their names)."""
+    names = {r.name: r.sequence for r in app.requests} | {
+        t: contract.provisioning_sequence(t) for t in app.templates
+    }
+    newest = max(names.values(), default=0)
+    return [DeleteRequest(app.key, n) for n in sorted(n for n, s in names.items() if s < newest)]
 
 
 def stranded(app: AppView) -> list[PodRecord]:

@@ -3,6 +3,7 @@ a request's conditions (cache.py `request_record`), as cluster-autoscaler writes
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -231,8 +232,6 @@ def test_after_a_failed_request_the_next_waits_its_backoff_doubling_per_failure(
 
 
 def replace_memory(memory: AppMemory, **changes: Any) -> AppMemory:
-    import dataclasses
-
     return dataclasses.replace(memory, **changes)
 
 
@@ -272,3 +271,21 @@ def test_a_requests_state_from_its_conditions(conditions: list[tuple[str, str]],
     }
     made = request_record(obj)
     assert made is not None and (made.state, made.count, made.sequence) == (state, 12, 7)
+
+
+def test_an_older_request_that_comes_back_is_deleted_and_the_newest_stands() -> None:
+    """A create whose answer was lost is repeated; the first attempt can land after the delete that followed
+    (kube-apiserver goes on with a request whose client gave up): the old name is back, pending again."""
+    pods = [record(i) for i in range(1, 7)]
+    d = decide(view(pods, request(1, "pending"), request(2, "pending")), policy(), 5.0, {},
+               provisioning_served=True)  # fmt: skip
+    assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == ["sg-app-a-pr1"]
+    assert not [a for a in d.actions if isinstance(a, CreateRequest)]
+    # A template left of an older request goes too; the newest request and its template stay.
+    snapshot = view(pods, request(2, "provisioned"))
+    app = snapshot.apps[APP]
+    stale = Snapshot({APP: dataclasses.replace(app, templates=app.templates | {"sg-app-a-pr1"})}, frozenset())
+    d = decide(stale, policy(), 5.0, {}, provisioning_served=True)
+    assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == ["sg-app-a-pr1"]
+    d = decide(snapshot, policy(), 5.0, {}, provisioning_served=True)
+    assert not [a for a in d.actions if isinstance(a, DeleteRequest)]
