@@ -12,7 +12,6 @@ gunicorn's HTTP parsing, TLS, the sockets and the kernel.
 
 from __future__ import annotations
 
-import binascii
 import io
 import json
 import os
@@ -44,7 +43,7 @@ def stages(policy_path: str, bodies: list[bytes]) -> dict[str, Callable[[int], o
     from sparkgate.policy_file import PolicySource
     from webhook import app as webhook_app
     from webhook import metrics
-    from webhook.review import parse_review, review_response
+    from webhook.review import parse_review
 
     source = PolicySource(policy_path, "sparkgate-system")
     policy = source.current()
@@ -71,10 +70,7 @@ def stages(policy_path: str, bodies: list[bytes]) -> dict[str, Callable[[int], o
         return b"".join(app(environ, lambda status, headers, exc_info=None: None))
 
     def encode(i: int) -> None:
-        patch = webhook_app._PATCH_JSON.encode(ops[i]).encode()
-        answer = {"allowed": True, "patchType": "JSONPatch"}
-        answer["patch"] = binascii.b2a_base64(patch, newline=False).decode("ascii")
-        webhook_app._RESPONSE_JSON.encode(review_response(requests[i]["uid"], answer))
+        webhook_app._answer(requests[i]["uid"], webhook_app._patched(ops[i]))
 
     def count(i: int) -> None:
         metrics.requests("mutate", "mutated").inc()

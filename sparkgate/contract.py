@@ -94,8 +94,9 @@ def spark_container_index(containers: list[dict[str, Any]]) -> int:
     index alone says nothing.
     """
     for i, container in enumerate(containers):
-        if any(env.get("name") == SPARK_CONTAINER_ENV for env in container.get("env") or ()):
-            return i
+        for env in container.get("env") or ():  # a loop, not any() over a generator: asked at every admission
+            if env.get("name") == SPARK_CONTAINER_ENV:
+                return i
     for i, container in enumerate(containers):
         if container.get("name") == SPARK_CONTAINER_NAME:
             return i

@@ -103,7 +103,7 @@ def desired_pod(pod: dict[str, Any], profile: Profile | None) -> dict[str, Any]:
         spec = _mount_config_maps(spec, app_id, plan)
         spec = _scheduler_name(spec, profile)
     for key in contract.SPARK_LABELS:
-        if key in pod_metadata.get("labels", {}):
+        if key in pod_labels:
             labels[key] = pod_labels[key]
     annotations[contract.ANNOTATION_PROFILE] = name
     metadata["labels"] = labels
@@ -181,13 +181,21 @@ def _mount_config_maps(spec: dict[str, Any], app_id: str, plan: _Plan) -> dict[s
     container = dict(containers[index])
     mounts = list(container.get("volumeMounts") or [])
     for (_, volume, mount_path), copy in zip(plan.config_maps, plan.copies(app_id), strict=True):
-        if not any(v.get("name") == volume for v in volumes):
+        if not _has(volumes, "name", volume):
             volumes.append({"name": volume, "configMap": {"name": copy}})
-        if not any(m.get("mountPath") == mount_path for m in mounts):
+        if not _has(mounts, "mountPath", mount_path):
             mounts.append({"name": volume, "mountPath": mount_path, "readOnly": True})
     container["volumeMounts"] = mounts
     containers[index] = container
     return {**spec, "volumes": volumes, "containers": containers}
+
+
+def _has(items: list[Any], key: str, value: str) -> bool:
+    """Whether an element of `items` has `value` at `key`."""
+    for item in items:  # noqa: SIM110 (a loop, not any() over a generator: asked at every admission)
+        if item.get(key) == value:
+            return True
+    return False
 
 
 def _scheduler_name(spec: dict[str, Any], profile: Profile) -> dict[str, Any]:

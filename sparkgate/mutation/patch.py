@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 Operation = dict[str, Any]
+_ABSENT = object()  # a member `before` does not have
 
 
 def escape(token: str) -> str:
@@ -30,10 +31,15 @@ def _diff(before: Any, after: Any, pointer: str, ops: list[Operation]) -> None:
         return
     if isinstance(before, dict) and isinstance(after, dict):
         for key, value in after.items():
-            if key not in before:
-                ops.append({"op": "add", "path": f"{pointer}/{escape(key)}", "value": value})
-            elif before[key] is not value:  # shared subtrees (most of the pod) cost no pointer and no call
-                _diff(before[key], value, f"{pointer}/{escape(key)}", ops)
+            old = before.get(key, _ABSENT)
+            if old is value:  # shared subtrees (most of the pod) cost no pointer and no call
+                continue
+            # the escape's call only for the keys that need it (a label's or annotation's `/`)
+            path = pointer + "/" + (escape(key) if "/" in key or "~" in key else key)
+            if old is _ABSENT:
+                ops.append({"op": "add", "path": path, "value": value})
+            else:
+                _diff(old, value, path, ops)
         if not before.keys() <= after.keys():
             ops.extend(
                 {"op": "remove", "path": f"{pointer}/{escape(key)}"} for key in before if key not in after
