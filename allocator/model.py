@@ -310,6 +310,9 @@ class AppMemory:
     )
     request_retry_at: float | None = None
     request_failures: int = 0
+    # Its older requests and templates handed to the actor for deletion, each with when (provisioning.py
+    # `superseded`): not handed again until SENT_EXPIRY later, by when the watch has shown them gone.
+    requests_deleted: Mapping[str, float] = field(default_factory=dict)
 
 
 # --- actions -------------------------------------------------------------------------------------

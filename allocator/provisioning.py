@@ -34,7 +34,7 @@ log and by `sparkgate status`), the allocator:
   `--enable-provisioning-requests`, or none at all) no longer holds the app: it is paced as without a
   request, its held pods marked (waiting reason as without a request; the requests gauge shows it pending);
 - only the newest request and template of an app stand (`superseded`): an older one the watch shows is
-  deleted, whenever it shows. Deleted as a new one is made, an old request can still come back: a create whose
+  deleted, whenever it shows (once per SENT_EXPIRY: the watch shows the deletion well before). Deleted as a new one is made, an old request can still come back: a create whose
   answer was lost is repeated (a named create is safe to repeat, sparkgate/kube.py), and the first attempt,
   still queued in the API server, may land after the delete that followed the repeat (seen in a busy kubesim
   run). Left standing, it would book nodes for no pod and keep its refused consumers from being `stranded`;
@@ -48,8 +48,8 @@ log and by `sparkgate status`), the allocator:
   those of an app that ended before or after it took over.
 
 Pure: the decision's clock, the app's view (its requests and templates, from the cache's watches) and memory
-(`request_sent`, `request_pending`, `request_retry_at`, `request_failures`, owned by the loop thread like the
-rest).
+(`request_sent`, `request_pending`, `request_retry_at`, `request_failures`, `requests_deleted`, owned by the
+loop thread like the rest).
 """
 
 from __future__ import annotations
@@ -192,6 +192,7 @@ def requests(
     name = contract.provisioning_name(key.app_id, sequence)
     mem.request_sent = (name, now)
     old = {r.name for r in app.requests} | app.templates
+    mem.requests_deleted = dict.fromkeys(old, now)
     out: list[Action] = [DeleteRequest(key, n) for n in sorted(old)]
     owner = app.driver if app.driver is not None and not app.driver.finished else None
     out.append(
@@ -202,13 +203,19 @@ def requests(
     return out, None
 
 
-def superseded(app: AppView) -> list[Action]:
-    """The app's requests and templates older than its newest (by the sequence in their names)."""
+def superseded(app: AppView, mem: AppMemory, now: float) -> list[Action]:
+    """The deletion of the app's requests and templates older than its newest (by the sequence in their
+    names), each not handed to the actor in the last SENT_EXPIRY."""
     names = {r.name: r.sequence for r in app.requests} | {
         t: contract.provisioning_sequence(t) for t in app.templates
     }
     newest = max(names.values(), default=0)
-    return [DeleteRequest(app.key, n) for n in sorted(n for n, s in names.items() if s < newest)]
+    stale = sorted(n for n, s in names.items() if s < newest)
+    sent = mem.requests_deleted
+    due = [n for n in stale if n not in sent or now - sent[n] >= SENT_EXPIRY]
+    if due or sent.keys() - set(stale):
+        mem.requests_deleted = {n: sent[n] for n in stale if n in sent} | dict.fromkeys(due, now)
+    return [DeleteRequest(app.key, n) for n in due]
 
 
 def stranded(app: AppView) -> list[PodRecord]:

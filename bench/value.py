@@ -10,7 +10,7 @@ changes; a failed run is reported with the demo's output, not hidden.
 Then an autoscaled scenario (`--autoscaled`, under the document's "autoscaled"; bench/value_autoscaled.py):
 a node group grown by kubesim's cluster-autoscaler, run without sparkgate and once per setting of what the
 autoscaler sees, with issue 36's targets checked. By default `autoscaled`, at cluster-autoscaler's and
-Spark's own timers (about 15 minutes a round); `autoscaled-fast`, the same at a tenth of them, is a quick look,
+Spark's own timers (about 13 minutes a round); `autoscaled-fast`, the apps at a tenth of them, is a quick look,
 where what each request costs is not scaled with the timers (sandbox/demo/scenarios.py).
 
     python -m bench.value [--scenario large] [--autoscaled autoscaled|autoscaled-fast|none] [--pacing P]

@@ -109,7 +109,8 @@ def summarize(reports: list[dict[str, Any]]) -> dict[str, Any]:
         "titles": {key: first[key]["title"] for key in keys},
         "policies": {key: first[key]["policy"] for key in keys},
         "source": "python -m sparkgate.cli demo --scenario NAME --no-live --json FILE (sandbox/demo/); "
-        "kubesim's cluster-autoscaler, its timers scaled (sandbox/demo/scenarios.py `Autoscaling`)",
+        "kubesim's cluster-autoscaler, its timers the scenario's time scale of CA's defaults "
+        "(sandbox/demo/scenarios.py `Autoscaling`)",
         "rounds": len(reports),
         "summary": summary,
         "ratios": ratios,

@@ -167,7 +167,10 @@ def _answer(uid: str, response: dict[str, Any]) -> Response:
     member without the encoder: base64's alphabet (letters, digits, `+`, `/`, `=`) needs no JSON escape, so
     its JSON is the text in quotes, and the encoder's escape scan of ~1.4 KB cost as much as the rest of the
     answer (~40 k instructions)."""
-    patch = response.pop("patch", None)
+    patch = response.get("patch")
+    if patch is not None:
+        response = dict(response)
+        del response["patch"]
     body = _RESPONSE_JSON.encode(review_response(uid, response)).encode()
     if patch is not None:  # the document ends with the response's `}` and its own
         body = b"".join((body[:-2], b',"patch":"', patch, b'"}}'))

@@ -56,6 +56,8 @@ def parse_review(body: bytes) -> dict[str, Any]:
 
 
 def review_response(uid: str, response: dict[str, Any]) -> dict[str, Any]:
+    # `response` stays the last member, `uid` its first: webhook/app.py `_answer` writes the patch after the
+    # encoded document's last two braces.
     return {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",

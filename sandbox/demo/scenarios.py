@@ -380,7 +380,8 @@ SCENARIOS = {
             time_scale=1.0,
             duration=900.0,
         ),
-        # The same apps and cluster at a tenth of the timers, for a quick look. What the API server, the webhook
+        # The same apps and cluster at a tenth of the timers, for a quick look (each executor's work is 250 s at
+        # full scale, so that every app has all its executors before it is done). What the API server, the webhook
         # and the allocator take per request is not scaled with them: a Spark driver's batch of 10 creations
         # waits on them for a larger share of its 0.1 s than of its 1 s, and the held pods' marks crowd a
         # kubesim on shared cores in a tenth of the time, so there the run with sparkgate is slower for reasons

@@ -277,10 +277,23 @@ def test_an_older_request_that_comes_back_is_deleted_and_the_newest_stands() -> 
     """A create whose answer was lost is repeated; the first attempt can land after the delete that followed
     (kube-apiserver goes on with a request whose client gave up): the old name is back, pending again."""
     pods = [record(i) for i in range(1, 7)]
-    d = decide(view(pods, request(1, "pending"), request(2, "pending")), policy(), 5.0, {},
-               provisioning_served=True)  # fmt: skip
+    back = view(pods, request(1, "pending"), request(2, "pending"))
+    d = decide(back, policy(), 5.0, {}, provisioning_served=True)
     assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == ["sg-app-a-pr1"]
     assert not [a for a in d.actions if isinstance(a, CreateRequest)]
+    # Handed to the actor once: the next decisions, before the watch shows it gone, do not send it again,
+    # unless it is still there SENT_EXPIRY later.
+    d = decide(back, policy(), 6.0, d.memory, provisioning_served=True)
+    assert not [a for a in d.actions if isinstance(a, DeleteRequest)]
+    d = decide(back, policy(), 5.0 + SENT_EXPIRY, d.memory, provisioning_served=True)
+    assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == ["sg-app-a-pr1"]
+    # A template made before its request (the actor makes the template first): the older request goes, the
+    # template stays.
+    ahead = view(pods, request(2, "pending"))
+    app = ahead.apps[APP]
+    ahead = Snapshot({APP: dataclasses.replace(app, templates=app.templates | {"sg-app-a-pr3"})}, frozenset())
+    d = decide(ahead, policy(), 5.0, {}, provisioning_served=True)
+    assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == ["sg-app-a-pr2"]
     # A template left of an older request goes too; the newest request and its template stay.
     snapshot = view(pods, request(2, "provisioned"))
     app = snapshot.apps[APP]
@@ -289,3 +302,32 @@ def test_an_older_request_that_comes_back_is_deleted_and_the_newest_stands() -> 
     assert [a.name for a in d.actions if isinstance(a, DeleteRequest)] == ["sg-app-a-pr1"]
     d = decide(snapshot, policy(), 5.0, {}, provisioning_served=True)
     assert not [a for a in d.actions if isinstance(a, DeleteRequest)]
+
+
+def test_a_new_request_deletes_the_older_ones_once() -> None:
+    """The request made for more held pods deletes the consumed one with its template, in the same actions,
+    and the decisions after it do not send that deletion again while the watch has not shown it."""
+    consumed = [
+        replace(record(i), gated=False, gate_index=None, node="n", phase="Running", consumes="sg-app-a-pr1")
+        for i in range(1, 7)
+    ]
+    in_flight = [replace(record(i), gated=False, gate_index=None) for i in range(7, 11)]
+    snapshot = view(
+        [*consumed, *in_flight, *[record(i) for i in range(11, 14)]], request(1, "provisioned", 6)
+    )
+    memory = {APP: AppMemory(last_release_at=10.0, waiting_since=10.0)}
+    d = decide(snapshot, policy(), 20.0, memory, provisioning_served=True)
+    assert [
+        (type(a).__name__, a.name) for a in d.actions if isinstance(a, (CreateRequest, DeleteRequest))
+    ] == [
+        ("DeleteRequest", "sg-app-a-pr1"),
+        ("CreateRequest", "sg-app-a-pr2"),
+    ]
+    app = snapshot.apps[APP]
+    made = Snapshot(
+        {APP: dataclasses.replace(app, requests=(*app.requests, request(2, "pending", 4)),
+                                  templates=app.templates | {"sg-app-a-pr2"})},
+        frozenset(),
+    )  # fmt: skip
+    d = decide(made, policy(), 21.0, d.memory, provisioning_served=True)
+    assert not [a for a in d.actions if isinstance(a, (CreateRequest, DeleteRequest))]

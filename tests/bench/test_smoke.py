@@ -3,11 +3,9 @@
 Benchmarks are not tests: nothing here checks a timing, only that each run completes, leaves no process
 behind, writes its result document with the keys docs/performance.md reports, and that the figures are sane
 (positive rates, counts that add up, latencies that are finite). The value benchmark's autoscaled round is
-also the end-to-end test of `sparkgate demo --scenario autoscaled-tiny` (`autoscaled_demo`, on the report
-the demo wrote): its four runs take a minute, run once for both. The in-process benchmarks are started together (independent processes on
-loopback ports of their own) and awaited; the admission benchmark then runs alone, since it counts every
-request wrk gives up on as an error (after 5 s) and a smoke run must not fail for sharing two cores with
-four other benchmarks.
+also the end-to-end test of `sparkgate demo --scenario autoscaled-tiny` (`test_the_autoscaled_demo`, on the
+report the demo wrote): its four runs take a minute, run once for both. Every benchmark is started at once
+(independent processes on loopback ports of their own) and awaited.
 """
 
 from __future__ import annotations
@@ -56,11 +54,11 @@ def smoke(names: list[str], out: Path) -> Results:
     its own (TMPDIR): a process left behind that names it is that benchmark's."""
     running = {}
     for name in names:
-        (out / name).mkdir()
+        tmp(out, name).mkdir()
         running[name] = subprocess.Popen(
             [sys.executable, "-m", f"bench.{name}", "--smoke", "--out", str(out)],
             cwd=REPO,
-            env={**os.environ, "TMPDIR": str(out / name)},
+            env={**os.environ, "TMPDIR": str(tmp(out, name))},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -71,13 +69,24 @@ def smoke(names: list[str], out: Path) -> Results:
             output, _ = process.communicate(timeout=600)
             path = out / f"{name}.json"
             document = json.loads(path.read_text()) if path.exists() else {}
-            found[name] = (process.returncode, output, document, processes_mentioning(str(out / name)))
+            found[name] = (
+                process.returncode,
+                output,
+                document,
+                processes_mentioning(f"{tmp(out, name)}{os.sep}"),
+            )
     finally:
         for process in running.values():
             if process.poll() is None:
                 process.kill()
                 process.wait()
     return found
+
+
+def tmp(out: Path, name: str) -> Path:
+    """A benchmark's TMPDIR; `admission` is a prefix of `admission_policy`, hence the separator after it where
+    the processes are looked for."""
+    return out / f"tmp-{name}"
 
 
 def finished(results: Results, name: str) -> dict[str, Any]:
@@ -225,15 +234,14 @@ def test_value(results: Results) -> None:
     assert set(held) == {"all_running", "scale_up_rounds", "peak_nodes", "node_minutes", "cap"}
     assert all(isinstance(target["met"], bool) for target in held.values())
     assert held["cap"]["met"]  # the cap holds in every round, whatever the load
-    (report,) = autoscaled["reports"]
-    autoscaled_demo(report)
 
 
-def autoscaled_demo(report: dict[str, Any]) -> None:
+def test_the_autoscaled_demo(results: Results) -> None:
     """The autoscaled demo end to end, on the report `sparkgate demo --scenario autoscaled-tiny --json` wrote
     in the value benchmark's round (the demo's four runs take a minute: run once, for both; the demo's other
     scenarios are tests/sandbox/test_demo.py's): one run per setting of what the autoscaler sees; the node
     group grows in every run, and with sparkgate the scheduler never sees more than the cap."""
+    (report,) = finished(results, "value")["autoscaled"]["reports"]
     scenario = SCENARIOS["autoscaled-tiny"]
     assert report["runs"] == [run.key for run in scenario.runs] and report["runs"][0] == "without"
     assert report["autoscaling"]["static_nodes"] == 1 and report["executors"] == scenario.executors
