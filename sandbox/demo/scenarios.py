@@ -254,6 +254,25 @@ def _autoscaled(
     )
 
 
+def _seven_twenty(
+    name: str, description: str, *, backlog_at: float, task_seconds: float, time_scale: float, duration: float
+) -> Scenario:
+    """The autoscaled scenario's apps and cluster (720 executors, nodes of 16, the caps) at a time scale."""
+    return _autoscaled(
+        name,
+        description,
+        sizes=(250, 200, 150),
+        dynamic=(8, 120, backlog_at),
+        per_node=16,
+        task_seconds=task_seconds,
+        batch_size=40,
+        max_pending_per_app=100,
+        max_pending_cluster=150,
+        time_scale=time_scale,
+        duration=duration,
+    )
+
+
 SCENARIOS = {
     s.name: s
     for s in (
@@ -365,18 +384,13 @@ SCENARIOS = {
                 ),
             )
         ),
-        _autoscaled(
+        _seven_twenty(
             "autoscaled",
             "one node and a node group that grows to fit 720 executors, at cluster-autoscaler's and Spark's own "
             "timers (a node 60 s after it is asked for; about 4 minutes a run): apps of 250, 200 and 150, and "
             "one whose dynamic allocation ramps from 8 to 120",
-            sizes=(250, 200, 150),
-            dynamic=(8, 120, 80.0),
-            per_node=16,
+            backlog_at=80.0,
             task_seconds=40.0,
-            batch_size=40,
-            max_pending_per_app=100,
-            max_pending_cluster=150,
             time_scale=1.0,
             duration=900.0,
         ),
@@ -386,17 +400,12 @@ SCENARIOS = {
         # waits on them for a larger share of its 0.1 s than of its 1 s, and the held pods' marks crowd a
         # kubesim on shared cores in a tenth of the time, so there the run with sparkgate is slower for reasons
         # of the harness, not of what the autoscaler sees (docs/performance.md "Autoscaled clusters").
-        _autoscaled(
+        _seven_twenty(
             "autoscaled-fast",
             "the autoscaled scenario at a tenth of cluster-autoscaler's and Spark's timers, a node 6 s after "
             "it is asked for (a quick look: each request's own cost is not scaled with them)",
-            sizes=(250, 200, 150),
-            dynamic=(8, 120, 8.0),
-            per_node=16,
+            backlog_at=8.0,
             task_seconds=25.0,
-            batch_size=40,
-            max_pending_per_app=100,
-            max_pending_cluster=150,
             time_scale=0.1,
             duration=300.0,
         ),
