@@ -351,9 +351,8 @@ def _decide_app(
         made, mark_due = provisioning.requests(
             key, app, holding, waiting[0] if waiting is not None else None, allocation, mem, now
         )
-        out.extend(
-            made or provisioning.superseded(app, mem, now)
-        )  # a new request deletes every older one itself
+        # a new request deletes every older one itself
+        out.extend(made or provisioning.superseded(app, mem, now))
     elif app.requests or app.templates:  # the policy no longer asks for them (docs/operations.md)
         out.extend(provisioning.finished(app))
     if mark_due is not None:

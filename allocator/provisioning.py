@@ -34,10 +34,11 @@ log and by `sparkgate status`), the allocator:
   `--enable-provisioning-requests`, or none at all) no longer holds the app: it is paced as without a
   request, its held pods marked (waiting reason as without a request; the requests gauge shows it pending);
 - only the newest request and template of an app stand (`superseded`): an older one the watch shows is
-  deleted, whenever it shows (once per SENT_EXPIRY: the watch shows the deletion well before). Deleted as a new one is made, an old request can still come back: a create whose
-  answer was lost is repeated (a named create is safe to repeat, sparkgate/kube.py), and the first attempt,
-  still queued in the API server, may land after the delete that followed the repeat (seen in a busy kubesim
-  run). Left standing, it would book nodes for no pod and keep its refused consumers from being `stranded`;
+  deleted, whenever it shows (handed to the actor once per SENT_EXPIRY: the watch shows the deletion well
+  before). Deleted as a new one is made, an old request can still come back: a create whose answer was lost
+  is repeated (a named create is safe to repeat, sparkgate/kube.py), and the first attempt, still queued in
+  the API server, may land after the delete that followed the repeat (seen in a busy kubesim run). Left
+  standing, it would book nodes for no pod and keep its refused consumers from being `stranded`;
 - a pod released to consume a request that kube-scheduler refused, once the request no longer books
   capacity for it (expired, revoked, failed or deleted), is deleted (`stranded`, deletion reason
   `provisioning_stranded`): another pod took the node booked for it, and cluster-autoscaler never scales up
